@@ -1,0 +1,35 @@
+# Two entry points for a fresh machine: `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install control-plane demo test unit lint clean-cluster
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# Builds etcd, the Kubernetes binaries, kwok and helm once into ~/.cache/oculis-e2e/<versions>.
+control-plane:
+	e2e/build.sh >/dev/null
+
+demo: install control-plane
+	demo/run
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+unit: install
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test: install control-plane lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean-cluster:
+	e2e/cluster down

@@ -1,0 +1,1 @@
+"""The `oculis` command line."""

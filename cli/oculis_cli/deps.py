@@ -1,0 +1,67 @@
+"""`oculis status --check-deps`: which optional parts of Oculis this installation can run.
+
+The router image deliberately lacks kopf and the Kubernetes client, so a missing extra is reported
+as "not installed" with the pip command that adds it, not as an error, unless it was asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+from oculis import __version__
+
+
+@dataclass(frozen=True)
+class Extra:
+    name: str
+    modules: tuple[str, ...]
+    purpose: str
+
+
+EXTRAS = (
+    Extra("core", ("pydantic", "yaml", "jinja2"), "schema, config and CLI"),
+    Extra("operator", ("kopf", "kubernetes", "tenacity"), "the Kubernetes operator"),
+    Extra("router", ("httpx", "tenacity", "prometheus_client"), "the request router"),
+)
+
+
+def check(extra: Extra) -> list[str]:
+    """Names of the modules of `extra` that cannot be imported here."""
+    return [m for m in extra.modules if importlib.util.find_spec(m) is None]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("status", help="show the installation and, with --check-deps, its optional parts")
+    p.add_argument("--check-deps", action="store_true", help="check the dependencies of each extra")
+    p.add_argument("--require", action="append", default=[], choices=[e.name for e in EXTRAS],
+                   help="exit 1 unless this extra is fully installed (repeatable)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(f"oculis {__version__}")
+    if not args.check_deps and not args.require:
+        return 0
+    failed = False
+    for extra in EXTRAS:
+        missing = check(extra)
+        if missing:
+            state = f"missing {', '.join(missing)}: pip install 'oculis[{extra.name}]'"
+            failed |= extra.name in args.require
+        else:
+            versions = ", ".join(f"{m} {_version(m)}" for m in extra.modules)
+            state = f"ok ({versions})"
+        print(f"  {extra.name:9} {extra.purpose:28} {state}")
+    return 1 if failed else 0
+
+
+def _version(module: str) -> str:
+    dist = {"yaml": "PyYAML", "prometheus_client": "prometheus-client"}.get(module, module)
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"

@@ -1,0 +1,79 @@
+"""Session fixtures for tests on the real local control plane (e2e/cluster).
+
+The cluster is brought up once per session (a no-op when it already runs, e.g. after the demo) and
+taken down at the end only if this session started it, unless OCULIS_E2E_KEEP=1. Each test gets its
+own namespace. Tests talk to the API server on 127.0.0.1 only, never to pod or Service IPs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client, config
+
+E2E = Path(__file__).resolve().parents[1]
+CLUSTER = E2E / "cluster"
+T = TypeVar("T")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(E2E):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> Iterator[Path]:
+    already_up = subprocess.run([str(CLUSTER), "status"], capture_output=True, check=False).returncode == 0
+    proc = subprocess.run([str(CLUSTER), "up"], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        pytest.fail(f"e2e/cluster up failed:\n{proc.stderr}", pytrace=False)
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    yield path
+    if not already_up and os.environ.get("OCULIS_E2E_KEEP") != "1":
+        subprocess.run([str(CLUSTER), "down"], check=False)
+
+
+@pytest.fixture(scope="session")
+def api(kubeconfig: Path) -> client.ApiClient:
+    return config.new_client_from_config(config_file=str(kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def bin_dir(kubeconfig: Path) -> Path:
+    out = subprocess.run([str(CLUSTER), "bin-dir"], capture_output=True, text=True, check=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def namespace(api: client.ApiClient) -> Iterator[str]:
+    core = client.CoreV1Api(api)
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    # The real controller-manager creates the default ServiceAccount; pods are refused until then.
+    eventually(lambda: core.read_namespaced_service_account("default", name), timeout=30)
+    yield name
+    core.delete_namespace(name)
+
+
+def eventually(probe: Callable[[], T], timeout: float = 60, interval: float = 0.25, what: str = "") -> T:
+    """Call `probe` until it returns a truthy value without raising; fail with the last state."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = probe()
+            if last:
+                return last
+        except Exception as exc:  # the probe's own assertion or a 404 while the object appears
+            last = exc
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or probe}: last {last!r}", pytrace=False)
+        time.sleep(interval)

@@ -1,0 +1,96 @@
+"""`e2e/cluster` itself: idempotent `up`, one-line causes for bad starts with no stray processes,
+and `down` cleaning up after a crash."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import CLUSTER, eventually
+
+ALT_PORTS = {"ETCD": 33790, "ETCD_PEER": 33800, "APISERVER": 36443, "CONTROLLER_MANAGER": 30257,
+             "SCHEDULER": 30259, "KWOK": 30247}
+
+
+def cluster(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLUSTER), *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300, check=False)
+
+
+def procs_under(state: Path) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if str(state) in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture
+def alt_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    env = {"OCULIS_E2E_STATE": str(tmp_path / "state")}
+    env.update({f"OCULIS_E2E_{k}_PORT": str(v) for k, v in ALT_PORTS.items()})
+    yield env
+    cluster("down", env=env)
+
+
+def test_up_is_idempotent(kubeconfig: Path) -> None:
+    again = cluster("up")
+    assert again.returncode == 0
+    assert again.stdout.strip() == str(kubeconfig)
+    assert "already running" in again.stderr
+
+
+def test_port_taken_gives_one_line_cause_and_no_strays(alt_env: dict[str, str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ALT_PORTS["APISERVER"]))
+        s.listen()
+        proc = cluster("up", env=alt_env)
+    assert proc.returncode == 1
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1, proc.stderr
+    assert f"127.0.0.1:{ALT_PORTS['APISERVER']} (apiserver) is already in use" in errors[0]
+    assert "OCULIS_E2E_APISERVER_PORT" in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert procs_under(Path(alt_env["OCULIS_E2E_STATE"])) == []
+
+
+def test_missing_go_toolchain_is_named(tmp_path: Path) -> None:
+    env = {"OCULIS_E2E_CACHE": str(tmp_path / "cache"), "OCULIS_E2E_STATE": str(tmp_path / "state"),
+           "PATH": "/usr/bin:/bin"}
+    if any(Path(d, "go").exists() for d in ("/usr/bin", "/bin")):
+        pytest.skip("a go binary lives in /usr/bin here")
+    proc = cluster("up", env=env)
+    assert proc.returncode == 1
+    assert "Go toolchain not found; install Go >= 1.26" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_down_after_a_crash_leaves_nothing(alt_env: dict[str, str], kubeconfig: Path) -> None:
+    state = Path(alt_env["OCULIS_E2E_STATE"])
+    up = cluster("up", env=alt_env)
+    assert up.returncode == 0, up.stderr
+    assert cluster("status", env=alt_env).returncode == 0
+    # Crash: the API server dies hard; the others keep running and must still be cleaned up.
+    apiserver = int((state / "pids" / "kube-apiserver.pid").read_text())
+    os.kill(apiserver, signal.SIGKILL)
+    eventually(lambda: cluster("status", env=alt_env).returncode == 1, timeout=20, what="status to notice")
+    assert len(procs_under(state)) >= 3
+    down = cluster("down", env=alt_env)
+    assert down.returncode == 0, down.stderr
+    deadline = time.monotonic() + 10
+    while procs_under(state) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert procs_under(state) == []
+    assert not state.exists()
+    # `down` on an already-stopped cluster is still fine.
+    assert cluster("down", env=alt_env).returncode == 0

@@ -1,0 +1,1 @@
+"""Oculis control plane: reconciles GPUUpstream and InferenceRoute into workloads."""

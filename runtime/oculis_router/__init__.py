@@ -1,0 +1,1 @@
+"""Oculis data plane: the OpenAI-compatible routing proxy."""

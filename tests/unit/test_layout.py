@@ -1,0 +1,27 @@
+"""Package layout rules: no import package named `operator`; the router never loads kopf or the
+Kubernetes client (its image does not ship them)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_no_operator_package_shadows_the_stdlib() -> None:
+    offenders = [p for p in ROOT.rglob("operator/__init__.py") if ".venv" not in p.parts]
+    assert offenders == []
+    import operator
+
+    assert operator.__file__ is not None and "site-packages" not in operator.__file__
+    assert hasattr(operator, "itemgetter")
+
+
+def test_router_and_schema_import_no_kopf_or_kubernetes() -> None:
+    code = (
+        "import sys, oculis, oculis_router, oculis_cli.main\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'kopf', 'kubernetes'})\n"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
