@@ -1,6 +1,6 @@
 module example.invalid/oculis/k8sbin
 
-go 1.26.8
+go 1.26.0
 
 replace k8s.io/api => k8s.io/api v0.36.3
 
