@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install control-plane demo test unit lint clean-cluster
+.PHONY: install control-plane demo test unit lint clean-cluster classifier
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -33,3 +33,8 @@ test: install control-plane lint
 
 clean-cluster:
 	e2e/cluster down
+
+# Retrains the packaged classifier head (needs the `train` extra: torch, sentence-transformers).
+classifier: install
+	$(VENV)/bin/pip install -q -e '.[train]'
+	$(PY) training/train_classifier.py

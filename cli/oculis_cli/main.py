@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from oculis import __version__
-from oculis_cli import deps
+from oculis_cli import deps, route
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"oculis {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     deps.register(sub)
+    route.register(sub)
     return parser
 
 

@@ -1,0 +1,92 @@
+"""Quality of the packaged complexity classifier on real routing outcomes (RouteLLM's protocol).
+
+Every prompt is scored by the fold head that never saw its MMLU subject (or GSM8K bucket), so the
+figures are subject-grouped out-of-fold numbers, as production traffic on new topics will see.
+Prints CPT(50%), CPT(80%) and APGR with bootstrap 95% intervals per data set for: random routing,
+prompt length, a rules-only baseline (length, code, reasoning and math markers), Oculis, and the
+oracle. Also shows how confidence relates to weak-model errors (what escalation acts on).
+
+    .venv/bin/python bench/classifier_quality.py [--boot 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "training"))
+from routing_data import load_rows  # noqa: E402
+from routing_eval import apgr, bootstrap_apgr, cpt  # noqa: E402
+
+from oculis_router import classify  # noqa: E402
+
+CODE = re.compile(r"```|\bdef |\bclass |;\s*$|\{|\}|#include|\bSELECT\b", re.M)
+REASONING = re.compile(r"\b(prove|explain why|step by step|derive|calculate|how many|why)\b", re.I)
+MATH = re.compile(r"[=+*/^<>]|\d+\s*[-x\u00d7]\s*\d+")
+
+
+def rules_score(text: str, n_pieces: int) -> float:
+    return (np.log1p(n_pieces) + 0.5 * bool(CODE.search(text)) + 0.5 * bool(REASONING.search(text))
+            + 0.5 * bool(MATH.search(text)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--boot", type=int, default=300)
+    args = ap.parse_args()
+    rows = load_rows()
+    head = classify.ComplexityClassifier.packaged().head
+    z = np.load(classify.data_path(f"{classify.DEFAULT_MODEL}.npz"))
+    fold_of_group = dict(zip(z["fold_groups"].tolist(), z["fold_index"].tolist(), strict=True))
+
+    length, rules, oof, conf = [], [], [], []
+    for r in rows:
+        ids, n, u = classify.piece_ids(r.prompt)
+        raw = head.raw(ids, n)
+        oof.append(raw[1 + fold_of_group[r.group]])
+        length.append(n)
+        rules.append(rules_score(r.prompt, n))
+        conf.append(head.confidence(raw, u))
+    weak = np.array([r.weak_correct for r in rows], float)
+    strong = np.array([r.strong_correct for r in rows], float)
+    ds = np.array([r.dataset for r in rows])
+    rng = np.random.default_rng(0)
+    methods = {
+        "random": rng.random(len(rows)),
+        "prompt length": np.array(length, float),
+        "rules only": np.array(rules),
+        "oculis (grouped OOF)": np.array(oof),
+        "oracle": (strong - weak) + 0.001 * rng.random(len(rows)),
+    }
+    print("Subject-grouped out-of-fold routing quality (higher APGR, lower CPT is better)")
+    print(f"{'data set':8} {'method':22} {'CPT(50%)':>9} {'CPT(80%)':>9} {'APGR':>6}  95% CI")
+    for d in ("mmlu", "gsm8k"):
+        m = ds == d
+        for name, s in methods.items():
+            lo, hi = bootstrap_apgr(s[m], weak[m], strong[m], n_boot=args.boot)
+            print(f"{d:8} {name:22} {cpt(s[m], weak[m], strong[m], 0.5):9.3f} {cpt(s[m], weak[m], strong[m], 0.8):9.3f}"
+                  f" {apgr(s[m], weak[m], strong[m]):6.3f}  [{lo:.3f}, {hi:.3f}]")
+        print(f"{d:8} n={int(m.sum())}  weak accuracy {weak[m].mean():.3f}  strong accuracy {strong[m].mean():.3f}")
+    # Paired comparison against prompt length: how often does Oculis win on a resample?
+    for d in ("mmlu", "gsm8k"):
+        m = np.nonzero(ds == d)[0]
+        wins = 0
+        for i in range(args.boot):
+            idx = rng.choice(m, len(m))
+            wins += apgr(methods["oculis (grouped OOF)"][idx], weak[idx], strong[idx], i) > apgr(
+                methods["prompt length"][idx], weak[idx], strong[idx], i)
+        print(f"paired bootstrap, {d}: Oculis beats prompt length in {wins / args.boot:.0%} of resamples")
+    c = np.array(conf)
+    low = c < 0.6
+    print(f"confidence < 0.6 on {low.mean():.1%} of prompts; weak-model error rate there "
+          f"{1 - weak[low].mean():.3f} vs {1 - weak[~low].mean():.3f} elsewhere")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

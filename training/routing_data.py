@@ -1,0 +1,64 @@
+"""Loads `../shared/data/routing/` (per-prompt correctness of a strong and a weak model on MMLU and
+GSM8K) into rows for training and evaluating the complexity classifier.
+
+Groups: each MMLU subject is one group, so grouped folds hold out whole subjects as production
+traffic will; GSM8K rows fall into random groups (seeded), as there are no topics to leak.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+WEAK = "mistralai/Mixtral-8x7B-Instruct-v0.1"
+STRONG = "gpt-4-1106-preview"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "routing"
+GSM8K_GROUPS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    prompt: str
+    dataset: str  # "mmlu" | "gsm8k"
+    group: str  # MMLU subject, or a random GSM8K bucket
+    weak_correct: bool
+    strong_correct: bool
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("OCULIS_ROUTING_DATA", DEFAULT_DIR))
+
+
+def _contaminated(path: Path) -> set[str]:
+    if not path.exists():
+        return set()
+    return {json.loads(line)["eval_prompt"] for line in path.read_text().splitlines() if line.strip()}
+
+
+def load_rows(root: Path | None = None) -> list[Row]:
+    root = root or data_dir()
+    if not root.exists():
+        raise SystemExit(f"routing data not found at {root}; set OCULIS_ROUTING_DATA to the data/routing folder")
+    csv.field_size_limit(10_000_000)
+    rows: list[Row] = []
+    drop = _contaminated(root / "mmlu" / "contaminated_prompts.jsonl")
+    for path in sorted((root / "mmlu").glob("mmlu_*.csv")):
+        subject = path.stem.removeprefix("mmlu_")
+        with path.open(newline="") as f:
+            for rec in csv.DictReader(f):
+                if rec["prompt"] in drop:
+                    continue
+                rows.append(Row(rec["prompt"], "mmlu", subject, rec[WEAK] == "True", rec[STRONG] == "True"))
+    drop = _contaminated(root / "gsm8k" / "contaminated_prompts.jsonl")
+    rng = random.Random(0)
+    with (root / "gsm8k" / "gsm8k_responses.csv").open(newline="") as f:
+        for rec in csv.DictReader(f):
+            if rec["prompt"] in drop:
+                continue
+            group = f"gsm8k-{rng.randrange(GSM8K_GROUPS)}"
+            rows.append(Row(rec["prompt"], "gsm8k", group, rec[WEAK] == "True", rec[STRONG] == "True"))
+    return rows
