@@ -224,6 +224,8 @@ def _zombie(pid: int) -> bool:
 def check_ports_free(ports: Ports) -> None:
     for name, port in ports.items():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # As the Go servers do: a port whose old connections sit in TIME_WAIT is free to listen on.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
