@@ -17,6 +17,7 @@ class Model(BaseModel):
         extra="forbid",
         frozen=True,
         validate_default=True,
+        protected_namespaces=(),  # `modelConfig` is a field of ours, not pydantic's
     )
 
 
