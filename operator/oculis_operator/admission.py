@@ -1,0 +1,26 @@
+"""What the validating webhook refuses at apply time: a spec whose single `maxModelLen` sequence or
+weights cannot fit, a draft model with another vocabulary, a tensor-parallel size that does not
+divide the heads. (A preemption-storm plan is admitted and reported in status instead.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from oculis.base import format_errors
+from oculis.upstream import GPUUpstreamSpec
+from oculis_operator.reconcile import check
+
+
+def admission_verdict(spec_body: dict[str, Any]) -> str | None:
+    try:
+        spec = GPUUpstreamSpec.model_validate(spec_body)
+    except ValidationError as exc:
+        return format_errors(exc, "spec").replace("\n", "; ")
+    if not spec.self_hosted:
+        return None
+    verdict = check(spec)
+    if isinstance(verdict, tuple):
+        return verdict[1] if verdict[0] != "UnknownModel" else None  # unknown models are reported in status
+    return verdict.message if verdict.refuse_at_admission else None

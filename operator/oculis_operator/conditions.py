@@ -1,0 +1,26 @@
+"""Status conditions that keep their lastTransitionTime unless their status really changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+ORDER = ("Ready", "CapacityOK", "Progressing", "Degraded")
+
+
+class Conditions:
+    def __init__(self, previous: list[dict[str, Any]], generation: int, now: str) -> None:
+        self._prev: dict[str, dict[str, Any]] = {str(c.get("type")): c for c in previous or []}
+        self._new: dict[str, dict[str, Any]] = {}
+        self._generation = generation
+        self._now = now
+
+    def set(self, type_: str, status: str, reason: str, message: str) -> None:
+        prev = self._prev.get(type_)
+        since = prev.get("lastTransitionTime") if prev and prev.get("status") == status else self._now
+        self._new[type_] = {"type": type_, "status": status, "reason": reason, "message": message[:2000],
+                            "lastTransitionTime": since or self._now, "observedGeneration": self._generation}
+
+    @property
+    def items(self) -> list[dict[str, Any]]:
+        merged: dict[str, dict[str, Any]] = {**self._prev, **self._new}
+        return [merged[t] for t in ORDER if t in merged] + [c for t, c in merged.items() if t not in ORDER]

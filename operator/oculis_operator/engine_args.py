@@ -1,0 +1,77 @@
+"""Engine settings -> `vllm serve` arguments, through one field -> flag table.
+
+Spelled as `vllm serve` spells them in the pinned engine (VLLM_IMAGE). Never emitted:
+`--preemption-mode` and `--swap-space` (V1 only recomputes; the schema refuses `swap`).
+`extraArgs` go last; one that repeats a flag Oculis sets from a typed field is refused, naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from oculis.upstream import Engine, GPUUpstreamSpec
+
+VLLM_IMAGE = "vllm/vllm-openai:v0.20.0"
+PORT = 8000
+
+# (field, flag, how to render the value; None = omit)
+FLAGS: list[tuple[str, str, Callable[[Any], str | None]]] = [
+    ("max_model_len", "--max-model-len", lambda v: None if v is None else str(v)),
+    ("max_num_seqs", "--max-num-seqs", lambda v: None if v is None else str(v)),
+    ("max_num_batched_tokens", "--max-num-batched-tokens", lambda v: None if v is None else str(v)),
+    ("scheduler_policy", "--scheduling-policy", str),
+    ("gpu_memory_utilization", "--gpu-memory-utilization", lambda v: f"{v:g}"),
+    ("kv_cache_dtype", "--kv-cache-dtype", str),
+    ("quantization", "--quantization", lambda v: None if v is None else str(v)),
+]
+BOOLEAN_FLAGS = {"prefix_caching": "enable-prefix-caching"}
+OWNED = {f for _, f, _ in FLAGS} | {f"--{b}" for b in BOOLEAN_FLAGS.values()} | {
+    f"--no-{b}" for b in BOOLEAN_FLAGS.values()} | {"--tensor-parallel-size", "--speculative-config", "--host",
+                                                     "--port", "--served-model-name", "--model"}
+
+
+class ExtraArgError(ValueError):
+    pass
+
+
+def speculative_config(engine: Engine) -> str | None:
+    spec = engine.speculative
+    if spec is None or not spec.enabled:
+        return None
+    cfg: dict[str, Any] = {"num_speculative_tokens": spec.num_speculative_tokens}
+    if spec.draft_model:
+        cfg["model"] = spec.draft_model
+    else:
+        cfg["method"] = spec.method or "ngram"
+        if cfg["method"] == "ngram":
+            cfg["prompt_lookup_max"] = spec.num_speculative_tokens
+    return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+
+
+def build(spec: GPUUpstreamSpec, resolved: dict[str, int]) -> list[str]:
+    """argv after `vllm serve`: the model, then flags in table order, then extraArgs.
+
+    `resolved` carries the values the capacity check planned for (profile defaults included), so
+    the engine runs exactly what was checked."""
+    engine = spec.engine or Engine()
+    tp = spec.gpu.count if spec.gpu else 1
+    argv = [spec.model, "--host=0.0.0.0", f"--port={PORT}", f"--served-model-name={spec.model}",
+            f"--tensor-parallel-size={tp}"]
+    for field, flag, render in FLAGS:
+        value = resolved.get(field, getattr(engine, field))
+        text = render(value)
+        if text is not None:
+            argv.append(f"{flag}={text}")
+    for field, name in BOOLEAN_FLAGS.items():
+        argv.append(f"--{name}" if getattr(engine, field) else f"--no-{name}")
+    sc = speculative_config(engine)
+    if sc:
+        argv.append(f"--speculative-config={sc}")
+    for i, extra in enumerate(engine.extra_args):
+        flag = extra.split("=", 1)[0]
+        if flag in OWNED or flag in ("--preemption-mode", "--swap-space"):
+            raise ExtraArgError(f"spec.engine.extraArgs[{i}]: {flag} is set by Oculis from a typed field "
+                                "(or unsupported by vLLM V1); use the engine field instead")
+    return argv + list(engine.extra_args)

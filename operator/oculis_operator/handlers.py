@@ -1,0 +1,103 @@
+"""kopf wiring for GPUUpstream: fetch, call the pure `reconcile`, write. Load with
+`kopf run -m oculis_operator.handlers`.
+
+Level-based and quiet: every GPUUpstream event and every event of a Deployment we own leads to one
+reconcile of that upstream, which writes only what differs. No kopf progress annotations: state
+lives in status (GitOps tools replace annotations). Environment:
+  OCULIS_WEBHOOK_PORT (+ _ADDR, _HOST, _CERT, _KEY, _CA): serve the validating webhook, which
+  refuses at apply time a change whose single sequence or weights cannot fit.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from oculis_operator import reconcile as core
+from oculis_operator import render, rollout
+from oculis_operator.admission import admission_verdict
+from oculis_operator.kube import Kube, load_client
+
+GROUP, VERSION, PLURAL = "oculis.dev", "v1alpha1", "gpuupstreams"
+WEBHOOK_PORT = os.environ.get("OCULIS_WEBHOOK_PORT")
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.posting.level = logging.WARNING  # our own events say what was done
+    settings.watching.server_timeout = 300
+    memo.kube = Kube(load_client())
+    if WEBHOOK_PORT:
+        settings.admission.server = kopf.WebhookServer(
+            addr=os.environ.get("OCULIS_WEBHOOK_ADDR", "0.0.0.0"), port=int(WEBHOOK_PORT),
+            host=os.environ.get("OCULIS_WEBHOOK_HOST"), certfile=os.environ.get("OCULIS_WEBHOOK_CERT"),
+            pkeyfile=os.environ.get("OCULIS_WEBHOOK_KEY"), cafile=os.environ.get("OCULIS_WEBHOOK_CA"))
+        settings.admission.managed = "oculis.dev"
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def upstream_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    if type == "DELETED":
+        return  # owner references garbage-collect the workload
+    reconcile_one(memo, dict(body), logger)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={render.UPSTREAM_LABEL: kopf.PRESENT})
+def deployment_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    if type == "DELETED":
+        return
+    name = body["metadata"]["labels"][render.UPSTREAM_LABEL]
+    upstream = memo.kube.upstream(body["metadata"]["namespace"], name)
+    if upstream is not None:
+        reconcile_one(memo, upstream, logger)
+
+
+if WEBHOOK_PORT:
+    @kopf.on.validate(GROUP, VERSION, PLURAL, operations=["CREATE", "UPDATE"])
+    def validate(spec: kopf.Spec, **_: Any) -> None:
+        refusal = admission_verdict(dict(spec))
+        if refusal:
+            raise kopf.AdmissionError(refusal, code=422)
+
+
+def reconcile_one(memo: kopf.Memo, upstream: dict[str, Any], logger: kopf.Logger) -> None:
+    kube: Kube = memo.kube
+    meta = upstream["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    spec, status = upstream.get("spec", {}), upstream.get("status", {}) or {}
+    external = spec.get("provider") != "vllm"
+    ref = spec.get("apiKeySecretRef") or {}
+    dep = None if external else kube.deployment(ns, name)
+    rolling = dep is not None and not rollout.progress(dep).complete
+    obs = core.Observed(
+        name=name, namespace=ns, uid=meta["uid"], generation=meta.get("generation", 1), spec=spec, status=status,
+        deployment=dep,
+        has_service=external or kube.has_service(ns, name),
+        has_pdb=external or kube.has_pdb(ns, name),
+        secret=kube.secret_state(ns, ref["name"], ref.get("key", "api-key")) if external and ref.get("name") else None,
+        pending_reasons=kube.pending_reasons(ns, name) if rolling else [],
+    )
+
+    def spare(product: str) -> int:
+        nodes, pods = kube.gpu_nodes_and_pods(product)
+        return rollout.spare_gpus(nodes, pods, product)
+
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    out = core.reconcile(obs, spare, now)
+    for body in out.create:
+        kube.create(body)
+    if out.deployment_patch is not None:
+        kube.patch_deployment(ns, name, out.deployment_patch)
+    for line in out.log:
+        logger.info(line)
+        kopf.info(kopf.Body(upstream), reason="Reconciled", message=line[:1000])  # type: ignore[arg-type]
+    if _status_changed(status, out.status):
+        kube.patch_status(ns, name, out.status)
+
+
+def _status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    return any(old.get(k) != v for k, v in new.items())

@@ -1,0 +1,105 @@
+"""The only module that talks to the Kubernetes API (through the official client). Thin: reads
+observed state as plain dicts, creates, patches; counts its requests for the benchmark."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from oculis_operator import render
+
+GROUP, VERSION, PLURAL = "oculis.dev", "v1alpha1", "gpuupstreams"
+
+
+def load_client() -> client.ApiClient:
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.apps = client.AppsV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.policy = client.PolicyV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.requests = 0
+
+    def _raw(self, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        """Call a client method returning the JSON body as a dict; None on 404."""
+        self.requests += 1
+        try:
+            resp = call(*args, _preload_content=False, **kwargs)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        body: dict[str, Any] = json.loads(resp.data)
+        return body
+
+    def upstream(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._raw(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._raw(self.apps.read_namespaced_deployment, render.workload_name(name), namespace)
+
+    def has_service(self, namespace: str, name: str) -> bool:
+        return self._raw(self.core.read_namespaced_service, render.workload_name(name), namespace) is not None
+
+    def has_pdb(self, namespace: str, name: str) -> bool:
+        return self._raw(self.policy.read_namespaced_pod_disruption_budget, render.workload_name(name),
+                         namespace) is not None
+
+    def secret_state(self, namespace: str, name: str, key: str) -> str:
+        secret = self._raw(self.core.read_namespaced_secret, name, namespace)  # the value is never logged
+        if secret is None:
+            return "missing-secret"
+        return "ok" if key in (secret.get("data") or {}) or key in (secret.get("stringData") or {}) else "missing-key"
+
+    def gpu_nodes_and_pods(self, gfd_product: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        nodes = (self._raw(self.core.list_node, label_selector=f"nvidia.com/gpu.product={gfd_product}") or {})
+        pods = (self._raw(self.core.list_pod_for_all_namespaces,
+                          field_selector="status.phase!=Succeeded,status.phase!=Failed") or {})
+        names = {n["metadata"]["name"] for n in nodes.get("items", [])}
+        return nodes.get("items", []), [p for p in pods.get("items", []) if p.get("spec", {}).get("nodeName") in names]
+
+    def pending_reasons(self, namespace: str, name: str) -> list[str]:
+        pods = self._raw(self.core.list_namespaced_pod, namespace,
+                         label_selector=f"{render.UPSTREAM_LABEL}={name}") or {}
+        reasons = []
+        for pod in pods.get("items", []):
+            for c in pod.get("status", {}).get("conditions", []) or []:
+                if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                    reasons.append(f"pod {pod['metadata']['name']} unschedulable: {c.get('message', '')}")
+        return reasons
+
+    def create(self, body: Any) -> None:  # the client takes plain dicts as bodies
+        ns, kind = body["metadata"]["namespace"], body["kind"]
+        self.requests += 1
+        try:
+            if kind == "Deployment":
+                self.apps.create_namespaced_deployment(ns, body)
+            elif kind == "Service":
+                self.core.create_namespaced_service(ns, body)
+            elif kind == "PodDisruptionBudget":
+                self.policy.create_namespaced_pod_disruption_budget(ns, body)
+            else:
+                raise ValueError(f"unexpected kind {kind}")
+        except ApiException as exc:
+            if exc.status != 409:  # created meanwhile by a concurrent reconcile: fine
+                raise
+
+    def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.requests += 1
+        self.apps.patch_namespaced_deployment(render.workload_name(name), namespace, patch)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.requests += 1
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                          {"status": status})
