@@ -116,6 +116,7 @@ class GPUUpstreamSpec(Model):
     replicas: int | None = Field(None, ge=0, le=1000)
     gpu: GPU | None = None
     node_selector: dict[str, str] | None = None
+    pod_annotations: dict[str, str] | None = Field(None, description="Extra annotations on the engine pods")
     tolerations: list[Toleration] | None = None
     image: str | None = None
     resources: Resources | None = None

@@ -52,6 +52,41 @@ def bin_dir(kubeconfig: Path) -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="session")
+def crds(kubeconfig: Path, bin_dir: Path) -> None:
+    subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), "apply", "--server-side",
+                    "--force-conflicts", "-f", str(E2E.parent / "crds")], check=True, capture_output=True)
+    subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), "wait", "--for=condition=Established",
+                    "crd/gpuupstreams.oculis.dev", "--timeout=30s"], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def operator(kubeconfig: Path, crds: None, api: client.ApiClient,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from operator_fixture import OperatorProcess
+
+    proc = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator"))
+    admission = client.AdmissionregistrationV1Api(api)
+
+    def webhook_registered() -> bool:
+        try:
+            cfg = admission.read_validating_webhook_configuration("oculis.dev")
+        except client.ApiException:
+            return False
+        return bool(cfg.webhooks) and proc.env["OCULIS_WEBHOOK_PORT"] in (cfg.webhooks[0].client_config.url or "")
+
+    proc.start()
+    proc.wait_ready(webhook_registered)
+    proc.webhook_registered = webhook_registered  # type: ignore[attr-defined]
+    yield proc
+    proc.stop()
+    # A webhook whose server is gone would block every later GPUUpstream write on this cluster.
+    try:
+        admission.delete_validating_webhook_configuration("oculis.dev")
+    except client.ApiException:
+        pass
+
+
 @pytest.fixture
 def namespace(api: client.ApiClient) -> Iterator[str]:
     core = client.CoreV1Api(api)

@@ -78,8 +78,11 @@ def pod_template(name: str, spec: GPUUpstreamSpec, argv: list[str], weights_byte
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
-    template = {"metadata": {"labels": labels(name)}, "spec": pod_spec}
-    template["metadata"]["annotations"] = {ENGINE_HASH: digest(template)}
+    template: dict[str, Any] = {"metadata": {"labels": labels(name)}, "spec": pod_spec}
+    if spec.pod_annotations:
+        template["metadata"]["annotations"] = dict(spec.pod_annotations)
+    template["metadata"]["annotations"] = {**template["metadata"].get("annotations", {}),
+                                           ENGINE_HASH: digest(template)}
     return template
 
 

@@ -1,0 +1,63 @@
+"""Runs the real operator (`kopf run -m oculis_operator.handlers`) against the sandbox cluster, with
+its validating webhook served on 127.0.0.1 under a throwaway self-signed certificate."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def self_signed(dir_: Path) -> tuple[Path, Path]:
+    cert, key = dir_ / "webhook.crt", dir_ / "webhook.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
+                    "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+    return cert, key
+
+
+class OperatorProcess:
+    def __init__(self, kubeconfig: Path, workdir: Path) -> None:
+        cert, key = self_signed(workdir)
+        self.log_path = workdir / "operator.log"
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "OCULIS_WEBHOOK_PORT": str(free_port()),
+                    "OCULIS_WEBHOOK_ADDR": "127.0.0.1", "OCULIS_WEBHOOK_HOST": "127.0.0.1",
+                    "OCULIS_WEBHOOK_CERT": str(cert), "OCULIS_WEBHOOK_KEY": str(key), "OCULIS_WEBHOOK_CA": str(cert)}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
+        kopf = Path(sys.executable).with_name("kopf")
+        self.proc = subprocess.Popen([str(kopf), "run", "--standalone", "--all-namespaces", "-m",
+                                      "oculis_operator.handlers"], env=self.env, stdout=log, stderr=log,
+                                     start_new_session=True)
+
+    def stop(self, hard: bool = False) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL if hard else signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, probe: object, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc and self.proc.poll() is None, f"operator exited:\n{self.log()[-3000:]}"
+            if callable(probe) and probe():
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"operator not ready:\n{self.log()[-3000:]}")
