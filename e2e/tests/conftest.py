@@ -7,6 +7,7 @@ own namespace. Tests talk to the API server on 127.0.0.1 only, never to pod or S
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -81,10 +82,8 @@ def operator(kubeconfig: Path, crds: None, api: client.ApiClient,
     yield proc
     proc.stop()
     # A webhook whose server is gone would block every later GPUUpstream write on this cluster.
-    try:
+    with contextlib.suppress(client.ApiException):
         admission.delete_validating_webhook_configuration("oculis.dev")
-    except client.ApiException:
-        pass
 
 
 @pytest.fixture

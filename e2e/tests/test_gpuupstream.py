@@ -119,9 +119,12 @@ def test_steady_state_makes_no_writes(world: World) -> None:
     import time
 
     time.sleep(1)
-    rv = (world.get("quiet")["metadata"]["resourceVersion"], world.deployment("quiet").metadata.resource_version)
+    def versions() -> tuple[str, str]:
+        return world.get("quiet")["metadata"]["resourceVersion"], world.deployment("quiet").metadata.resource_version
+
+    rv = versions()
     time.sleep(4)
-    assert rv == (world.get("quiet")["metadata"]["resourceVersion"], world.deployment("quiet").metadata.resource_version)
+    assert versions() == rv
 
 
 def test_preemption_storm_is_refused_and_the_deployment_left_alone(world: World) -> None:
@@ -152,7 +155,8 @@ def test_webhook_refuses_a_sequence_that_cannot_fit(world: World) -> None:
     assert err.value.status in (400, 422)
     assert "ERR_OCULIS_KV_CACHE_EXHAUSTED" in err.value.body and "largest safe maxModelLen" in err.value.body
     with pytest.raises(client.ApiException) as err:
-        world.create(upstream("tp", model="meta-llama/Llama-3.1-70B-Instruct", gpu={"product": "H100-80GB", "count": 1}))
+        world.create(upstream("tp", model="meta-llama/Llama-3.1-70B-Instruct",
+                              gpu={"product": "H100-80GB", "count": 1}))
     assert "ERR_OCULIS_KV_CACHE_EXHAUSTED" in err.value.body and "weights" in err.value.body
 
 
@@ -189,7 +193,8 @@ def test_rollout_without_a_spare_gpu_goes_one_at_a_time(world: World) -> None:
 
 def test_external_upstream_with_missing_secret_is_not_ready(world: World) -> None:
     world.create({"apiVersion": f"{G}/{V}", "kind": "GPUUpstream", "metadata": {"name": "gpt4o"},
-                  "spec": {"provider": "openai", "model": "gpt-4o", "apiKeySecretRef": {"name": "openai", "key": "key"}}})
+                  "spec": {"provider": "openai", "model": "gpt-4o",
+                           "apiKeySecretRef": {"name": "openai", "key": "key"}}})
     c = eventually(lambda: world.cond("gpt4o", "Ready") or None, what="Ready condition")
     assert c["status"] == "False" and c["reason"] == "SecretNotFound"
     assert "kubectl create secret generic openai" in c["message"]
