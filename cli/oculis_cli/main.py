@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from oculis import __version__
-from oculis_cli import deps, route
+from oculis_cli import capacity, deps, route
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     deps.register(sub)
     route.register(sub)
+    capacity.register(sub)
     return parser
 
 

@@ -74,7 +74,7 @@ def kv_bytes_per_token(model: ModelConfig, tp: int, kv_cache_dtype: str = "auto"
 
 def weights_bytes_per_gpu(model: ModelConfig, tp: int, quantization: str | None = None) -> int:
     per_param = QUANT_BYTES.get(quantization or "", model.dtype_bytes)
-    return int(model.params_billions * 1e9 * per_param / tp)
+    return round(model.params_billions * 1e9 * per_param / tp)
 
 
 def resolve_engine(engine: Engine | None, traffic: Traffic | None, model: ModelConfig) -> tuple[int, int, int, int]:

@@ -1,0 +1,34 @@
+import json
+import subprocess
+import sys
+
+
+def plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oculis_cli.main", "capacity", "plan", *args],
+                          capture_output=True, text=True)
+
+
+def test_json_plan_and_exit_codes() -> None:
+    ok = plan("--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "-o", "json")
+    assert ok.returncode == 0
+    out = json.loads(ok.stdout)
+    assert {"weights_bytes_per_gpu", "kv_bytes_per_token", "kv_cache_tokens", "max_concurrency", "fits",
+            "error_code", "message"} <= set(out)
+    assert out["kv_bytes_per_token"] == 131072 and out["fits"] is True and out["error_code"] is None
+    tp4 = json.loads(plan("--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100-80GB", "--tensor-parallel",
+                          "4", "--max-model-len", "32768", "-o", "json").stdout)
+    assert tp4["kv_bytes_per_token"] == 81920
+    no = plan("--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "A100-40GB", "--max-model-len", "900000")
+    assert no.returncode == 3 and "ERR_OCULIS_KV_CACHE_EXHAUSTED" in no.stdout
+    mm = plan("--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "H100-80GB", "--draft-model",
+              "meta-llama/Llama-3.2-1B-Instruct", "-o", "json")
+    assert mm.returncode == 3 and json.loads(mm.stdout)["error_code"] == "ERR_OCULIS_TOKENIZER_MISMATCH"
+
+
+def test_bad_arguments_exit_2_naming_the_flag() -> None:
+    for args, text in ((["--gpu", "V100"], "--gpu: unknown GPU product 'V100'"),
+                       (["--gpu", "H100-80GB", "--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
+                       (["--gpu", "H100-80GB", "--tensor-parallel", "0"], "--tensor-parallel 0"),
+                       (["--gpu", "H100-80GB", "--max-num-seqs", "x"], "invalid int value")):
+        proc = plan("--model", "meta-llama/Llama-3.1-8B-Instruct", *args)
+        assert proc.returncode == 2 and text in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,20 @@
+from oculis import crdgen
+
+
+def test_generated_crds_are_up_to_date() -> None:
+    assert crdgen.main(["--check"]) == 0, "run `python -m oculis.crdgen` and commit the result"
+
+
+def test_crd_is_structural_and_carries_cel_and_columns() -> None:
+    crd = crdgen.gpuupstream_crd()
+    version = crd["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]
+    spec = schema["properties"]["spec"]
+    assert "$ref" not in str(schema) and "anyOf" not in str(schema)
+    assert spec["properties"]["engine"]["properties"]["gpuMemoryUtilization"] == {
+        "type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1,
+        "description": "Share of each GPU's memory for vLLM"}
+    assert any("maxNumBatchedTokens >= self.engine.maxNumSeqs" in r["rule"] for r in spec["x-kubernetes-validations"])
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "PROVIDER", "MODEL", "GPU", "REPLICAS", "READY", "KV-TOKENS", "MAX-CONC", "AGE"]
+    assert crd["spec"]["names"]["shortNames"] == ["gu"] and crd["spec"]["names"]["categories"] == ["oculis"]
