@@ -30,7 +30,7 @@ WEBHOOK_PORT = os.environ.get("OCULIS_WEBHOOK_PORT")
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own events say what was done
     settings.watching.server_timeout = 300
-    memo.kube = Kube(load_client())
+    memo.kube = Kube(load_client())  # shared: kopf gives each object a shallow copy of this memo
     if WEBHOOK_PORT:
         settings.admission.server = kopf.WebhookServer(
             addr=os.environ.get("OCULIS_WEBHOOK_ADDR", "0.0.0.0"), port=int(WEBHOOK_PORT),
@@ -39,21 +39,25 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         settings.admission.managed = "oculis.dev"
 
 
+@kopf.on.cleanup()
+def report(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    # One line the scale benchmark reads: how many API requests the reconciles cost.
+    logger.info(f"oculis totals: {memo.kube.reconciles} reconciles, {memo.kube.requests} API requests")
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def upstream_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     if type == "DELETED":
         return  # owner references garbage-collect the workload
-    reconcile_one(memo, dict(body), logger)
+    if type == "MODIFIED" and body.get("status", {}).get("observedGeneration") == body["metadata"].get("generation"):
+        return  # only status moved (often our own write): the Deployment's events carry rollout progress
+    reconcile_named(memo, body["metadata"]["namespace"], body["metadata"]["name"], logger)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={render.UPSTREAM_LABEL: kopf.PRESENT})
 def deployment_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    if type == "DELETED":
-        return
-    name = body["metadata"]["labels"][render.UPSTREAM_LABEL]
-    upstream = memo.kube.upstream(body["metadata"]["namespace"], name)
-    if upstream is not None:
-        reconcile_one(memo, upstream, logger)
+    # Also on DELETED: a Deployment removed by hand is recreated while its GPUUpstream exists.
+    reconcile_named(memo, body["metadata"]["namespace"], body["metadata"]["labels"][render.UPSTREAM_LABEL], logger)
 
 
 if WEBHOOK_PORT:
@@ -64,8 +68,18 @@ if WEBHOOK_PORT:
             raise kopf.AdmissionError(refusal, code=422)
 
 
-def reconcile_one(memo: kopf.Memo, upstream: dict[str, Any], logger: kopf.Logger) -> None:
+def reconcile_named(memo: kopf.Memo, namespace: str, name: str, logger: kopf.Logger) -> None:
+    """Reconcile one upstream at a time: its own events and its Deployment's arrive concurrently, and
+    each must start from the status the previous one wrote, so it is read inside the lock."""
     kube: Kube = memo.kube
+    with kube.lock_for(namespace, name):
+        upstream = kube.upstream(namespace, name)
+        if upstream is not None and not upstream["metadata"].get("deletionTimestamp"):
+            reconcile_one(kube, upstream, logger)
+
+
+def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger) -> None:
+    kube.reconciles += 1
     meta = upstream["metadata"]
     ns, name = meta["namespace"], meta["name"]
     spec, status = upstream.get("spec", {}), upstream.get("status", {}) or {}

@@ -4,6 +4,8 @@ observed state as plain dicts, creates, patches; counts its requests for the ben
 from __future__ import annotations
 
 import json
+import threading
+from collections import defaultdict
 from typing import Any
 
 from kubernetes import client, config
@@ -30,6 +32,13 @@ class Kube:
         self.policy = client.PolicyV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.requests = 0
+        self.reconciles = 0
+        self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+
+    def lock_for(self, namespace: str, name: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks[(namespace, name)]
 
     def _raw(self, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         """Call a client method returning the JSON body as a dict; None on 404."""
