@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from oculis import __version__
-from oculis_cli import capacity, deps, route
+from oculis_cli import capacity, deps, route, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     deps.register(sub)
     route.register(sub)
     capacity.register(sub)
+    serve.register(sub)
     return parser
 
 

@@ -45,6 +45,20 @@ class Upstream(Model):
     pricing: Pricing = Field(default_factory=Pricing)
     prompt_cache: PromptCache | None = None
     revision: str = Field("1", description="Bump when the model behind this upstream changes; part of cache keys")
+    timeout_seconds: float = Field(120.0, gt=0, description="Per-attempt timeout of one upstream call")
+    anthropic_version: str = Field("2023-06-01", description="Anthropic: the anthropic-version header")
+    default_max_tokens: int = Field(1024, ge=1, description="Anthropic: max_tokens when the request sets none")
+
+    @model_validator(mode="after")
+    def _reachable(self) -> Upstream:
+        if self.provider in ("vllm", "openai-compatible") and not self.base_url:
+            raise ValueError(f"upstream {self.name!r}: provider {self.provider} needs base_url (e.g. http://host:8000/v1)")
+        return self
+
+    @property
+    def url(self) -> str:
+        default = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com/v1"}
+        return (self.base_url or default.get(self.provider, "")).rstrip("/")
 
 
 class TierMatch(Model):
@@ -111,9 +125,22 @@ class Route(Model):
         return self
 
 
+class ServerSettings(Model):
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
+    cache_backend: Literal["memory", "redis"] = "memory"
+    redis_url: str | None = Field(None, description="redis://host:port/db for cache_backend: redis")
+
+    @model_validator(mode="after")
+    def _redis(self) -> ServerSettings:
+        if self.cache_backend == "redis" and not self.redis_url:
+            raise ValueError("server.redis_url is required when server.cache_backend is redis")
+        return self
+
+
 class RouterConfig(Model):
     upstreams: list[Upstream] = Field(min_length=1)
     routes: list[Route] = Field(default_factory=list)
+    server: ServerSettings = Field(default_factory=ServerSettings)
 
     @model_validator(mode="after")
     def _references_resolve(self) -> RouterConfig:
@@ -130,6 +157,9 @@ class RouterConfig(Model):
                         f"(declared: {', '.join(known)})"
                     )
         return self
+
+    def upstream(self, name: str) -> Upstream:
+        return next(u for u in self.upstreams if u.name == name)
 
     def route(self, name: str) -> Route:
         for route in self.routes:

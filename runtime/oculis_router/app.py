@@ -1,0 +1,360 @@
+"""The OpenAI-compatible HTTP front of the router (Starlette). Thin: parse and check the request,
+pick the tier (`decide`), consult the response cache (`cache`), call the upstream (`upstreams`),
+count (`metrics`), answer. Never a traceback or a silent drop: every failure is an OpenAI error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route as HTTPRoute
+
+from oculis import RouterConfig, Upstream
+from oculis_router import cache as rcache
+from oculis_router.errors import APIError, bad_request
+from oculis_router.metrics import Metrics
+from oculis_router.state import ConfigHolder, RouteRuntime, Runtime, describe
+from oculis_router.upstreams import Caller, UpstreamFailed, UpstreamRejected
+
+log = logging.getLogger("oculis.router")
+
+KNOWN_PARAMS = {
+    "model", "messages", "prompt", "temperature", "top_p", "n", "stream", "stream_options", "stop", "max_tokens",
+    "max_completion_tokens", "presence_penalty", "frequency_penalty", "logit_bias", "user", "seed", "tools",
+    "tool_choice", "response_format", "logprobs", "top_logprobs", "parallel_tool_calls", "metadata", "store",
+    "service_tier", "reasoning_effort", "suffix", "echo", "best_of", "modalities", "prediction",
+}
+
+
+@dataclass
+class Plan:
+    """What one request will do, settled before any upstream is called."""
+
+    route: RouteRuntime | None
+    tiers: list[Upstream]  # the upstream to try first, then the ones to escalate to
+    tier_names: list[str]
+    complexity: float | None
+    escalated: bool
+
+
+def tenant_of(request: Request) -> str:
+    explicit = request.headers.get("x-oculis-tenant")
+    if explicit:
+        return explicit
+    auth = request.headers.get("authorization", "")
+    # The key itself is never kept or logged: only a digest identifies its tenant.
+    return "key-" + hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else "anonymous"
+
+
+async def read_body(request: Request, limit: int) -> dict[str, Any]:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes "
+                       "(server.max_body_bytes)", code="request_too_large")
+    raw = await request.body()
+    if len(raw) > limit:
+        raise APIError(413, f"request body exceeds the limit of {limit} bytes (server.max_body_bytes)",
+                       code="request_too_large")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def check_body(body: dict[str, Any], endpoint: str) -> None:
+    unknown = sorted(set(body) - KNOWN_PARAMS)
+    if unknown:
+        raise bad_request(f"unsupported parameter: {unknown[0]}", param=unknown[0], code="unsupported_parameter")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise bad_request("you must provide a model: a route or upstream name (see GET /v1/models)", param="model")
+    if endpoint == "chat":
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise bad_request("`messages` is required: a non-empty list of {role, content}", param="messages")
+        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
+            raise bad_request("each message needs a string `role`", param="messages")
+    elif not isinstance(body.get("prompt"), str | list):
+        raise bad_request("`prompt` is required: a string or a list of strings", param="prompt")
+    if body.get("n", 1) != 1:
+        raise bad_request("n > 1 is not supported by the router; send separate requests", param="n",
+                          code="unsupported_parameter")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise bad_request("`stream` must be a boolean", param="stream")
+
+
+def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics) -> Plan:
+    name = body["model"]
+    if name in rt.upstreams:
+        return Plan(None, [rt.upstreams[name]], ["direct"], None, False)
+    rr = rt.routes.get(name)
+    if rr is None:
+        known = ", ".join([*rt.routes, *rt.upstreams])
+        raise APIError(404, f"the model {name!r} does not exist: use a route or upstream ({known})",
+                       param="model", code="model_not_found")
+    t0 = time.perf_counter()
+    try:
+        c, decision = rr.scorer.score(body)
+    except ValueError as exc:
+        raise bad_request(str(exc), param="messages") from None
+    metrics.classification.labels(name).observe(time.perf_counter() - t0)
+    tiers = rr.route.tiers[decision.index:]
+    if decision.escalated:
+        metrics.escalations.labels(name, "low_confidence").inc()
+    return Plan(rr, [rt.upstreams[t.upstream] for t in tiers], [t.name for t in tiers], c.complexity,
+                decision.escalated)
+
+
+def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None) -> None:
+    if not usage:
+        return
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    written = int(usage.get("cache_creation_input_tokens") or 0)
+    p = up.pricing
+    cost = ((prompt - cached - written) * p.input_per_mtok + completion * p.output_per_mtok
+            + cached * (p.cached_input_per_mtok if p.cached_input_per_mtok is not None else p.input_per_mtok)
+            + written * (p.cache_write_per_mtok if p.cache_write_per_mtok is not None else p.input_per_mtok)) / 1e6
+    metrics.prompt_tokens.labels(up.name).inc(prompt)
+    metrics.completion_tokens.labels(up.name).inc(completion)
+    metrics.cached_tokens.labels(up.name).inc(cached)
+    metrics.cost.labels(up.name).inc(max(cost, 0.0))
+
+
+class Router:
+    def __init__(self, holder: ConfigHolder, caller: Caller, metrics: Metrics) -> None:
+        self.holder, self.caller, self.metrics = holder, caller, metrics
+
+    def headers(self, body: dict[str, Any], plan: Plan, i: int, cache: str) -> dict[str, str]:
+        h = {"x-oculis-route": plan.route.route.name if plan.route else "", "x-oculis-tier": plan.tier_names[i],
+             "x-oculis-upstream": plan.tiers[i].name, "x-oculis-cache": cache,
+             "x-oculis-escalated": "true" if plan.escalated or i > 0 else "false"}
+        if plan.complexity is not None:
+            h["x-oculis-complexity"] = f"{plan.complexity:.4f}"
+        return h
+
+    async def handle(self, request: Request, endpoint: str) -> Response:
+        rt = self.holder.current  # this request's config snapshot, whatever reloads happen meanwhile
+        route_label = "-"
+        try:
+            body = await read_body(request, rt.config.server.max_body_bytes)
+            check_body(body, endpoint)
+            plan = plan_request(rt, body, self.metrics)
+            route_label = body["model"]
+            key = None
+            if plan.route and plan.route.store and rcache.cacheable(plan.route.route.cache, body):
+                key = rcache.cache_key(plan.route.route.cache, body, tenant_of(request), plan.tiers[0], endpoint)
+                hit = await plan.route.store.get(key)
+                self.metrics.cache.labels(route_label, "hit" if hit else "miss").inc()
+                if hit is not None:
+                    self.metrics.requests.labels(route_label, plan.tier_names[0], plan.tiers[0].name, "cache_hit").inc()
+                    hdrs = self.headers(body, plan, 0, "hit")
+                    if body.get("stream"):
+                        return StreamingResponse(_iter(rcache.sse_from_response(hit)), headers=hdrs,
+                                                 media_type="text/event-stream")
+                    return JSONResponse(hit, headers=hdrs)
+            if body.get("stream"):
+                return await self._stream(body, plan, endpoint, key, route_label)
+            return await self._complete(body, plan, endpoint, key, route_label)
+        except APIError as err:
+            self.metrics.requests.labels(route_label, "-", "-", f"error_{err.status}").inc()
+            return err.response()
+
+    def _can_escalate(self, plan: Plan, i: int) -> bool:
+        esc = plan.route.route.escalation if plan.route else None
+        return bool(esc and esc.enabled and esc.on_upstream_error and i + 1 < len(plan.tiers))
+
+    async def _complete(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
+                        route_label: str) -> Response:
+        for i, up in enumerate(plan.tiers):
+            t0 = time.perf_counter()
+            try:
+                data = await self.caller.complete(up, endpoint, body)
+            except UpstreamRejected as rej:
+                self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, f"upstream_{rej.status}").inc()
+                return Response(rej.body, status_code=rej.status, media_type="application/json",
+                                headers=self.headers(body, plan, i, "bypass" if key is None else "miss"))
+            except UpstreamFailed as exc:
+                self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "upstream_failed").inc()
+                if self._can_escalate(plan, i):
+                    self.metrics.escalations.labels(route_label, "upstream_error").inc()
+                    log.warning("escalating past %s after retries: %s", up.name, exc)
+                    continue
+                raise APIError(502, f"upstream {up.name} failed after retries: {exc}", type_="upstream_error",
+                               code="upstream_failed") from None
+            self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
+            account(self.metrics, up, data.get("usage"))
+            self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "ok").inc()
+            if key is not None and plan.route and plan.route.store and i == 0:
+                await plan.route.store.set(key, data)
+            return JSONResponse(data, headers=self.headers(body, plan, i, "bypass" if key is None else "miss"))
+        raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
+
+    async def _stream(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
+                      route_label: str) -> Response:
+        for i, up in enumerate(plan.tiers):
+            t0 = time.perf_counter()
+            try:
+                resp, translator = await self.caller.open_stream(up, endpoint, body)
+            except UpstreamRejected as rej:
+                return Response(rej.body, status_code=rej.status, media_type="application/json",
+                                headers=self.headers(body, plan, i, "bypass" if key is None else "miss"))
+            except UpstreamFailed as exc:
+                self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "upstream_failed").inc()
+                if self._can_escalate(plan, i):
+                    self.metrics.escalations.labels(route_label, "upstream_error").inc()
+                    continue
+                raise APIError(502, f"upstream {up.name} failed after retries: {exc}", type_="upstream_error",
+                               code="upstream_failed") from None
+            store = plan.route.store if (plan.route and key is not None and i == 0) else None
+            gen = self._relay(resp, translator, up, t0, route_label, plan.tier_names[i], store, key)
+            return StreamingResponse(gen, media_type="text/event-stream",
+                                     headers=self.headers(body, plan, i, "bypass" if key is None else "miss"))
+        raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
+
+    async def _relay(self, resp: httpx.Response, translator: Any, up: Upstream, t0: float, route_label: str,
+                     tier: str, store: rcache.Store | None, key: str | None) -> AsyncIterator[bytes]:
+        """Bytes go to the client as they arrive; a copy is parsed on the side for usage and the cache."""
+        collector = StreamCollector()
+        first = True
+        outcome = "ok"
+        try:
+            async for raw in resp.aiter_raw():
+                if first:
+                    self.metrics.ttft.labels(up.name).observe(time.perf_counter() - t0)
+                    first = False
+                chunks = translator.feed(raw) if translator else [raw]
+                for chunk in chunks:
+                    collector.feed(chunk)
+                    yield chunk
+        except (httpx.HTTPError, RuntimeError) as exc:
+            # Bytes already reached the client: no retry is possible, so end the stream with an error event.
+            outcome = "stream_broken"
+            err = {"error": {"message": f"upstream {up.name} failed mid-stream: {type(exc).__name__}",
+                             "type": "upstream_error", "code": "stream_interrupted"}}
+            yield b"data: " + json.dumps(err).encode() + b"\n\n"
+        finally:
+            await resp.aclose()
+            self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
+            self.metrics.requests.labels(route_label, tier, up.name, outcome).inc()
+            account(self.metrics, up, collector.usage)
+        if outcome == "ok" and store is not None and key is not None and collector.complete:
+            await store.set(key, collector.response())
+
+
+class StreamCollector:
+    """Rebuilds a chat completion from its SSE chunks (for usage and for caching streams)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.usage: dict[str, Any] | None = None
+        self.content: list[str] = []
+        self.meta: dict[str, Any] = {}
+        self.finish: str | None = None
+        self.complete = False
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+        while b"\n\n" in self._buf:
+            event, self._buf = self._buf.split(b"\n\n", 1)
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    self.complete = True
+                    continue
+                with contextlib.suppress(ValueError):
+                    self._take(json.loads(payload))
+
+    def _take(self, chunk: dict[str, Any]) -> None:
+        self.meta = {k: chunk.get(k) for k in ("id", "created", "model")}
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.content.append(delta["content"])
+            if choice.get("text"):
+                self.content.append(choice["text"])
+            if choice.get("finish_reason"):
+                self.finish = choice["finish_reason"]
+
+    def response(self) -> dict[str, Any]:
+        return {**self.meta, "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(self.content)},
+                             "finish_reason": self.finish or "stop"}], "usage": self.usage}
+
+
+async def _iter(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for c in chunks:
+        yield c
+
+
+def build_app(config_path: Path | None = None, config: RouterConfig | None = None, metrics: Metrics | None = None,
+              reload_interval: float = 1.0, max_retries: int = 2, backoff: float = 0.05) -> Starlette:
+    metrics = metrics or Metrics()
+    holder = ConfigHolder(config_path, metrics, config)
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=500)
+    http = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0), trust_env=False)
+    router = Router(holder, Caller(http, max_retries=max_retries, backoff=backoff), metrics)
+
+    async def chat(request: Request) -> Response:
+        return await router.handle(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await router.handle(request, "completions")
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": describe(holder.current)})
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        return JSONResponse({"status": "ready", "config": holder.current.digest[:12]})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        watcher = asyncio.create_task(holder.watch(reload_interval)) if config_path else None
+        yield
+        if watcher:
+            watcher.cancel()
+        await http.aclose()
+        await holder.close()
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        return APIError(status, f"{request.method} {request.url.path}: no such endpoint here "
+                        "(POST /v1/chat/completions, POST /v1/completions, GET /v1/models)",
+                        code="not_found").response()
+
+    async def internal(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error")  # the request still gets an OpenAI-shaped answer
+        return APIError(500, "internal router error", type_="server_error", code="internal").response()
+
+    app = Starlette(exception_handlers={404: not_found, 405: not_found, Exception: internal}, routes=[
+        HTTPRoute("/v1/chat/completions", chat, methods=["POST"]),
+        HTTPRoute("/v1/completions", completions, methods=["POST"]),
+        HTTPRoute("/v1/models", models, methods=["GET"]),
+        HTTPRoute("/healthz", healthz, methods=["GET"]),
+        HTTPRoute("/readyz", readyz, methods=["GET"]),
+    ], lifespan=lifespan)
+    app.state.metrics = metrics
+    app.state.holder = holder
+    return app

@@ -1,0 +1,35 @@
+"""Prometheus metrics of the router, all prefixed `oculis_`, in a registry the app owns (no globals).
+Labels never carry prompts, keys or tenants' secrets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.requests = Counter("oculis_requests", "Requests by route, tier, upstream and outcome",
+                                ["route", "tier", "upstream", "outcome"], registry=r)
+        self.classification = Histogram("oculis_classification_seconds", "Prompt classification latency",
+                                        ["route"], registry=r,
+                                        buckets=(0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05))
+        self.cache = Counter("oculis_cache_lookups", "Response cache lookups", ["route", "result"], registry=r)
+        self.escalations = Counter("oculis_escalations", "Requests moved up a tier", ["route", "reason"], registry=r)
+        self.prompt_tokens = Counter("oculis_prompt_tokens", "Prompt tokens", ["upstream"], registry=r)
+        self.completion_tokens = Counter("oculis_completion_tokens", "Completion tokens", ["upstream"], registry=r)
+        self.cached_tokens = Counter("oculis_cached_prompt_tokens", "Prompt tokens served from the provider's "
+                                     "prompt cache", ["upstream"], registry=r)
+        self.cost = Counter("oculis_cost_dollars", "Estimated cost from upstream pricing", ["upstream"], registry=r)
+        self.upstream_latency = Histogram("oculis_upstream_latency_seconds", "Upstream call latency", ["upstream"],
+                                          registry=r, buckets=LATENCY_BUCKETS)
+        self.ttft = Histogram("oculis_upstream_ttft_seconds", "Time to first streamed byte from the upstream",
+                              ["upstream"], registry=r, buckets=LATENCY_BUCKETS)
+        self.reloads = Counter("oculis_config_reloads", "Configuration reloads", ["result"], registry=r)

@@ -1,0 +1,29 @@
+"""OpenAI-compatible upstreams (vLLM, OpenAI, any /v1 server): the request passes through with the
+upstream's model id; streams are relayed byte for byte. Stable-first message order is kept as sent,
+which is all OpenAI's automatic prompt caching needs."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from oculis import Upstream
+
+PATHS = {"chat": "/chat/completions", "completions": "/completions"}
+
+
+def build_request(up: Upstream, endpoint: str, body: dict[str, Any]) -> tuple[str, dict[str, str], dict[str, Any]]:
+    headers = {"content-type": "application/json"}
+    key = os.environ.get(up.api_key_env) if up.api_key_env else None
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    out = dict(body)
+    if up.model:
+        out["model"] = up.model
+    if out.get("stream") and "stream_options" not in out:
+        out["stream_options"] = {"include_usage": True}  # so tokens and cost are counted for streams too
+    return up.url + PATHS[endpoint], headers, out
+
+
+def parse_response(endpoint: str, data: dict[str, Any]) -> dict[str, Any]:
+    return data

@@ -1,0 +1,94 @@
+"""Calls to upstreams with retries: errors, timeouts, 429 and 5xx are retried with exponential
+backoff (tenacity), then reported as `UpstreamFailed` so the caller can escalate. A 4xx other than
+429 is the client's problem and is passed back, not retried. Streams are retried only while no byte
+has reached the client (the caller opens the stream before it starts answering)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from oculis import Upstream
+from oculis_router.providers import anthropic, openai_compat
+
+
+class Retryable(Exception):
+    pass
+
+
+class UpstreamFailed(Exception):
+    """Retries exhausted: the next tier may answer instead."""
+
+
+class UpstreamRejected(Exception):
+    """The upstream refused the request itself (4xx): relayed to the client as is."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"upstream answered {status}")
+        self.status, self.body = status, body
+
+
+def provider_of(up: Upstream) -> Any:
+    return anthropic if up.provider == "anthropic" else openai_compat
+
+
+class Caller:
+    def __init__(self, http: httpx.AsyncClient, max_retries: int = 2, backoff: float = 0.05) -> None:
+        self.http = http
+        self.max_retries = max_retries
+        self.backoff = backoff
+
+    def _retrying(self, retries: int | None = None) -> AsyncRetrying:
+        return AsyncRetrying(stop=stop_after_attempt((self.max_retries if retries is None else retries) + 1),
+                             wait=wait_exponential(multiplier=self.backoff, max=2.0),
+                             retry=retry_if_exception_type(Retryable), reraise=True)
+
+    async def complete(self, up: Upstream, endpoint: str, body: dict[str, Any],
+                       retries: int | None = None) -> dict[str, Any]:
+        prov = provider_of(up)
+        url, headers, payload = prov.build_request(up, endpoint, body)
+        try:
+            async for attempt in self._retrying(retries):
+                with attempt:
+                    try:
+                        r = await self.http.post(url, headers=headers, json=payload, timeout=up.timeout_seconds)
+                    except httpx.HTTPError as exc:
+                        raise Retryable(f"{type(exc).__name__}") from exc
+                    if r.status_code == 429 or r.status_code >= 500:
+                        raise Retryable(f"status {r.status_code}")
+                    if r.status_code >= 400:
+                        raise UpstreamRejected(r.status_code, r.content)
+                    data: dict[str, Any] = prov.parse_response(endpoint, r.json())
+                    return data
+        except Retryable as exc:
+            raise UpstreamFailed(f"{up.name}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    async def open_stream(self, up: Upstream, endpoint: str, body: dict[str, Any],
+                          retries: int | None = None) -> tuple[httpx.Response, Any]:
+        """An open streaming response (status checked) and a chunk translator (None: pass through)."""
+        prov = provider_of(up)
+        url, headers, payload = prov.build_request(up, endpoint, body)
+        try:
+            async for attempt in self._retrying(retries):
+                with attempt:
+                    req = self.http.build_request("POST", url, headers=headers, json=payload,
+                                                  timeout=up.timeout_seconds)
+                    try:
+                        resp = await self.http.send(req, stream=True)
+                    except httpx.HTTPError as exc:
+                        raise Retryable(type(exc).__name__) from exc
+                    if resp.status_code == 429 or resp.status_code >= 500:
+                        await resp.aclose()
+                        raise Retryable(f"status {resp.status_code}")
+                    if resp.status_code >= 400:
+                        content = await resp.aread()
+                        await resp.aclose()
+                        raise UpstreamRejected(resp.status_code, content)
+                    translator = anthropic.StreamTranslator() if up.provider == "anthropic" else None
+                    return resp, translator
+        except Retryable as exc:
+            raise UpstreamFailed(f"{up.name}: {exc}") from exc
+        raise AssertionError("unreachable")
