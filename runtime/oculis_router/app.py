@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -227,14 +227,14 @@ class Router:
                                      headers=self.headers(body, plan, i, "bypass" if key is None else "miss"))
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
-    async def _relay(self, resp: httpx.Response, translator: Any, up: Upstream, t0: float, route_label: str,
+    async def _relay(self, resp: aiohttp.ClientResponse, translator: Any, up: Upstream, t0: float, route_label: str,
                      tier: str, store: rcache.Store | None, key: str | None) -> AsyncIterator[bytes]:
         """Bytes go to the client as they arrive; a copy is parsed on the side for usage and the cache."""
         collector = StreamCollector()
         first = True
         outcome = "ok"
         try:
-            async for raw in resp.aiter_raw():
+            async for raw in resp.content.iter_any():
                 if first:
                     self.metrics.ttft.labels(up.name).observe(time.perf_counter() - t0)
                     first = False
@@ -242,14 +242,14 @@ class Router:
                 for chunk in chunks:
                     collector.feed(chunk)
                     yield chunk
-        except (httpx.HTTPError, RuntimeError) as exc:
+        except (TimeoutError, aiohttp.ClientError, RuntimeError) as exc:
             # Bytes already reached the client: no retry is possible, so end the stream with an error event.
             outcome = "stream_broken"
             err = {"error": {"message": f"upstream {up.name} failed mid-stream: {type(exc).__name__}",
                              "type": "upstream_error", "code": "stream_interrupted"}}
             yield b"data: " + json.dumps(err).encode() + b"\n\n"
         finally:
-            await resp.aclose()
+            resp.release()
             self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
             self.metrics.requests.labels(route_label, tier, up.name, outcome).inc()
             account(self.metrics, up, collector.usage)
@@ -310,9 +310,7 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
               reload_interval: float = 1.0, max_retries: int = 2, backoff: float = 0.05) -> Starlette:
     metrics = metrics or Metrics()
     holder = ConfigHolder(config_path, metrics, config)
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=500)
-    http = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0), trust_env=False)
-    router = Router(holder, Caller(http, max_retries=max_retries, backoff=backoff), metrics)
+    router = Router(holder, None, metrics)  # type: ignore[arg-type]  # the caller needs the loop: lifespan
 
     async def chat(request: Request) -> Response:
         return await router.handle(request, "chat")
@@ -331,11 +329,14 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        connector = aiohttp.TCPConnector(limit=2000, limit_per_host=1000, keepalive_timeout=60)
+        http = aiohttp.ClientSession(connector=connector, trust_env=False)
+        router.caller = Caller(http, max_retries=max_retries, backoff=backoff)
         watcher = asyncio.create_task(holder.watch(reload_interval)) if config_path else None
         yield
         if watcher:
             watcher.cancel()
-        await http.aclose()
+        await http.close()
         await holder.close()
 
     async def not_found(request: Request, exc: Exception) -> Response:
