@@ -30,8 +30,12 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent
 LITELLM_VENV = Path.home() / ".cache" / "oculis-bench" / "litellm-venv"
-BODY = {"model": "M", "messages": [{"role": "user", "content": "Translate 'good morning' into French."}],
-        "max_tokens": 16, "temperature": 0.7}
+BODY = {
+    "model": "M",
+    "messages": [{"role": "user", "content": "Translate 'good morning' into French."}],
+    "max_tokens": 16,
+    "temperature": 0.7,
+}
 
 
 def free_port() -> int:
@@ -59,12 +63,18 @@ def cpu_seconds(pid: int) -> float:
 def wrk(url: str, model: str, conns: int, seconds: int, work: Path) -> dict[str, float]:
     body = json.dumps({**BODY, "model": model})
     script = work / f"post-{model}.lua"
-    script.write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
-                      'wrk.headers["Content-Type"] = "application/json"\n'
-                      'wrk.headers["Authorization"] = "Bearer sk-bench"\n')
+    script.write_text(
+        f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        'wrk.headers["Authorization"] = "Bearer sk-bench"\n'
+    )
     threads = 1 if conns == 1 else 2
-    out = subprocess.run(["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s", "--latency", "-s",
-                          str(script), url], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
     def ms(label: str) -> float:
         m = re.search(rf"^\s*{label}\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
@@ -75,8 +85,13 @@ def wrk(url: str, model: str, conns: int, seconds: int, work: Path) -> dict[str,
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return {"p50": ms("50%"), "p99": ms("99%"), "rps": rps, "requests": total,
-            "errors": float(errors.group(1)) if errors else 0.0}
+    return {
+        "p50": ms("50%"),
+        "p99": ms("99%"),
+        "rps": rps,
+        "requests": total,
+        "errors": float(errors.group(1)) if errors else 0.0,
+    }
 
 
 def ensure_litellm() -> Path | None:
@@ -106,39 +121,104 @@ def main() -> int:
         procs.append(subprocess.Popen([sys.executable, str(ROOT / "fake_upstream.py"), str(fport)]))
         fake = f"http://127.0.0.1:{fport}"
         time.sleep(0.5)
-        cfg = {"oculis": {"upstreams": [{"name": "fake", "provider": "vllm", "base_url": fake + "/v1", "model": "fake",
-                                         "pricing": {"input_per_mtok": 0.05, "output_per_mtok": 0.08}}],
-                          "routes": [{"name": "adaptive", "tiers": [
-                              {"name": "simple", "match": {"complexity_below": 0.35}, "upstream": "fake"},
-                              {"name": "complex", "match": {}, "upstream": "fake"}]}]}}
+        cfg = {
+            "oculis": {
+                "upstreams": [
+                    {
+                        "name": "fake",
+                        "provider": "vllm",
+                        "base_url": fake + "/v1",
+                        "model": "fake",
+                        "pricing": {"input_per_mtok": 0.05, "output_per_mtok": 0.08},
+                    }
+                ],
+                "routes": [
+                    {
+                        "name": "adaptive",
+                        "tiers": [
+                            {"name": "simple", "match": {"complexity_below": 0.35}, "upstream": "fake"},
+                            {"name": "complex", "match": {}, "upstream": "fake"},
+                        ],
+                    }
+                ],
+            }
+        }
         (work / "oculis.yaml").write_text(yaml.safe_dump(cfg))
         oport = free_port()
-        oculis = subprocess.Popen([sys.executable, "-m", "oculis_cli.main", "serve", "--config", str(work / "oculis.yaml"),
-                                   "--port", str(oport), "--metrics-port", str(free_port()), "--log-level", "warning"])
+        oculis = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "oculis_cli.main",
+                "serve",
+                "--config",
+                str(work / "oculis.yaml"),
+                "--port",
+                str(oport),
+                "--metrics-port",
+                str(free_port()),
+                "--log-level",
+                "warning",
+            ]
+        )
         procs.append(oculis)
         wait_http(f"http://127.0.0.1:{oport}/healthz")
         targets: list[tuple[str, str, str, int | None]] = [
             ("direct", fake + "/v1/chat/completions", "fake", None),
-            ("oculis", f"http://127.0.0.1:{oport}/v1/chat/completions", "adaptive", oculis.pid)]
+            ("oculis", f"http://127.0.0.1:{oport}/v1/chat/completions", "adaptive", oculis.pid),
+        ]
         litellm = None if args.skip_litellm else ensure_litellm()
         if litellm:
             lport = free_port()
-            (work / "litellm.yaml").write_text(yaml.safe_dump({
-                "model_list": [{"model_name": "fake", "litellm_params": {"model": "openai/fake", "api_base": fake + "/v1",
-                                                                         "api_key": "sk-fake"}}],
-                "litellm_settings": {"telemetry": False, "set_verbose": False}}))
-            env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "NO_DOCS": "True",
-                   "LITELLM_MASTER_KEY": "sk-bench"}  # wrk sends this key
-            lp = subprocess.Popen([str(litellm), "--config", str(work / "litellm.yaml"), "--port", str(lport),
-                                   "--host", "127.0.0.1", "--num_workers", "1"], env=env,
-                                  stdout=open(work / "litellm.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+            (work / "litellm.yaml").write_text(
+                yaml.safe_dump(
+                    {
+                        "model_list": [
+                            {
+                                "model_name": "fake",
+                                "litellm_params": {
+                                    "model": "openai/fake",
+                                    "api_base": fake + "/v1",
+                                    "api_key": "sk-fake",
+                                },
+                            }
+                        ],
+                        "litellm_settings": {"telemetry": False, "set_verbose": False},
+                    }
+                )
+            )
+            env = {
+                **os.environ,
+                "LITELLM_LOG": "ERROR",
+                "LITELLM_TELEMETRY": "False",
+                "NO_DOCS": "True",
+                "LITELLM_MASTER_KEY": "sk-bench",
+            }  # wrk sends this key
+            lp = subprocess.Popen(
+                [
+                    str(litellm),
+                    "--config",
+                    str(work / "litellm.yaml"),
+                    "--port",
+                    str(lport),
+                    "--host",
+                    "127.0.0.1",
+                    "--num_workers",
+                    "1",
+                ],
+                env=env,
+                stdout=open(work / "litellm.log", "wb"),  # noqa: SIM115 (the child owns it)
+                stderr=subprocess.STDOUT,
+            )
             procs.append(lp)
             wait_http(f"http://127.0.0.1:{lport}/health/liveliness", timeout=180)
             targets.append(("litellm", f"http://127.0.0.1:{lport}/v1/chat/completions", "fake", lp.pid))
-        for name, url, model, _ in targets:  # warm up: connections, classifier memo, imports
+        for _name, url, model, _ in targets:  # warm up: connections, classifier memo, imports
             wrk(url, model, 4, 2, work)
-        print(f"{'conc':>4} {'target':8} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'req/s':>9} "
-              f"{'CPU ms/req':>10} {'errors':>6}")
+        print(
+            f"{'conc':>4} {'target':8} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'req/s':>9} "
+            f"{'CPU ms/req':>10} {'errors':>6}"
+        )
         for conns in args.concurrency:
             base = None
             for name, url, model, pid in targets:
@@ -148,8 +228,11 @@ def main() -> int:
                 if name == "direct":
                     base = r["p50"]
                 added = r["p50"] - base if base is not None and name != "direct" else 0.0
-                print(f"{conns:>4} {name:8} {r['p50']:8.3f} {r['p99']:8.3f} {added:10.3f} {r['rps']:9.0f} "
-                      f"{cpu:10.3f} {int(r['errors']):>6}", flush=True)
+                print(
+                    f"{conns:>4} {name:8} {r['p50']:8.3f} {r['p99']:8.3f} {added:10.3f} {r['rps']:9.0f} "
+                    f"{cpu:10.3f} {int(r['errors']):>6}",
+                    flush=True,
+                )
     finally:
         for p in procs:
             p.terminate()

@@ -25,12 +25,33 @@ SECRET = "sk-openai-SECRET-1234"
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru",
-                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--maxmemory",
+            "64mb",
+            "--maxmemory-policy",
+            "allkeys-lru",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() == "PONG":
+        if (
+            subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip()
+            == "PONG"
+        ):
             break
         time.sleep(0.05)
     yield f"redis://127.0.0.1:{port}/0"
@@ -42,8 +63,23 @@ def start_router(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], str,
     port, mport = free_port(), free_port()
     env = {**os.environ, "OCULIS_TEST_OPENAI_KEY": SECRET, "OCULIS_TEST_ANTHROPIC_KEY": "sk-ant-SECRET-5678"}
     out = open(log, "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "oculis_cli.main", "serve", "--config", str(config), "--port",
-                             str(port), "--metrics-port", str(mport)], env=env, stdout=out, stderr=out)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "oculis_cli.main",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(mport),
+        ],
+        env=env,
+        stdout=out,
+        stderr=out,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -91,7 +127,11 @@ def test_two_routers_share_the_redis_cache_and_expose_metrics(fakes: Fakes, redi
 def test_bad_config_file_refused_at_start(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("oculis:\n  upstreams: [{name: a, provider: vllm}]\n")
-    proc = subprocess.run([sys.executable, "-m", "oculis_cli.main", "serve", "--config", str(path)],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "oculis_cli.main", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2
     assert "provider vllm needs base_url" in proc.stderr and "Traceback" not in proc.stderr
