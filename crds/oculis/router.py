@@ -67,9 +67,9 @@ class TierMatch(Model):
 
 
 class SemanticTier(Model):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN, max_length=63)
     match: TierMatch = Field(default_factory=TierMatch)
-    upstream: str
+    upstream: str = Field(max_length=253)
 
 
 class Classifier(Model):
@@ -105,16 +105,17 @@ class ResponseCache(Model):
     only_when: CacheWhen = Field(default_factory=CacheWhen)
 
 
-class Route(Model):
-    name: str = Field(pattern=NAME_PATTERN)
+class RouteBody(Model):
+    """A route without its name: the InferenceRoute's spec (the name comes from metadata)."""
+
     strategy: Literal["semantic"] = "semantic"
     classifier: Classifier = Field(default_factory=Classifier)
-    tiers: list[SemanticTier] = Field(min_length=1)
+    tiers: list[SemanticTier] = Field(min_length=1, max_length=16)
     escalation: Escalation = Field(default_factory=Escalation)
     cache: ResponseCache = Field(default_factory=ResponseCache)
 
     @model_validator(mode="after")
-    def _tiers_are_usable(self) -> Route:
+    def _tiers_are_usable(self) -> RouteBody:
         names = [t.name for t in self.tiers]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -135,6 +136,10 @@ class ServerSettings(Model):
         if self.cache_backend == "redis" and not self.redis_url:
             raise ValueError("server.redis_url is required when server.cache_backend is redis")
         return self
+
+
+class Route(RouteBody):
+    name: str = Field(pattern=NAME_PATTERN)
 
 
 class RouterConfig(Model):

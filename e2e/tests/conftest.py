@@ -10,18 +10,14 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from e2e_support import CLUSTER, E2E, eventually
 from kubernetes import client, config
-
-E2E = Path(__file__).resolve().parents[1]
-CLUSTER = E2E / "cluster"
-T = TypeVar("T")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -97,17 +93,3 @@ def namespace(api: client.ApiClient) -> Iterator[str]:
     core.delete_namespace(name)
 
 
-def eventually(probe: Callable[[], T], timeout: float = 60, interval: float = 0.25, what: str = "") -> T:
-    """Call `probe` until it returns a truthy value without raising; fail with the last state."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = probe()
-            if last:
-                return last
-        except Exception as exc:  # the probe's own assertion or a 404 while the object appears
-            last = exc
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or probe}: last {last!r}", pytrace=False)
-        time.sleep(interval)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import CLUSTER, eventually
+from e2e_support import CLUSTER, eventually
 
 ALT_PORTS = {"ETCD": 33790, "ETCD_PEER": 33800, "APISERVER": 36443, "CONTROLLER_MANAGER": 30257,
              "SCHEDULER": 30259, "KWOK": 30247}

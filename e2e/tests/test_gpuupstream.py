@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import eventually
+from e2e_support import eventually
 from kubernetes import client
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"

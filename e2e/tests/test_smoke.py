@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import eventually
+from e2e_support import eventually
 from kubernetes import client
 
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -17,9 +17,11 @@ from typing import Any
 
 import kopf
 
+from oculis.inferenceroute import DEFAULT_CONFIG_MAP
 from oculis_operator import reconcile as core
-from oculis_operator import render, rollout
+from oculis_operator import render, rollout, routeconfig
 from oculis_operator.admission import admission_verdict
+from oculis_operator.conditions import Conditions
 from oculis_operator.kube import Kube, load_client
 
 GROUP, VERSION, PLURAL = "oculis.dev", "v1alpha1", "gpuupstreams"
@@ -58,6 +60,41 @@ def upstream_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: k
 def deployment_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     # Also on DELETED: a Deployment removed by hand is recreated while its GPUUpstream exists.
     reconcile_named(memo, body["metadata"]["namespace"], body["metadata"]["labels"][render.UPSTREAM_LABEL], logger)
+
+
+@kopf.on.event(GROUP, VERSION, "inferenceroutes")
+def route_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    if type == "MODIFIED" and body.get("status", {}).get("observedGeneration") == body["metadata"].get("generation"):
+        return  # our own status write
+    render_routes(memo.kube, body["metadata"]["namespace"], logger)
+
+
+def render_routes(kube: Kube, namespace: str, logger: kopf.Logger) -> None:
+    """Re-render the namespace's router config; write the ConfigMap and route statuses only on change."""
+    with kube.lock_for(namespace, "\x00routes"):
+        routes = kube.list_custom(namespace, "inferenceroutes")
+        if not routes:
+            return
+        out = routeconfig.render_namespace(routes, kube.list_custom(namespace, PLURAL))
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for cm in sorted({(r.get("spec") or {}).get("configMap") or DEFAULT_CONFIG_MAP for r in routes}):
+            current = kube.config_map(namespace, cm)
+            if out.data and (current is None or current.get("data") != out.data):
+                kube.apply_config_map(namespace, cm, out.data, {"oculis.dev/config-hash": out.digest},
+                                      exists=current is not None)
+                logger.info(f"Rendered router config {cm} ({out.digest})")
+        for route in routes:
+            meta, status = route["metadata"], route.get("status") or {}
+            verdict = out.routes.get(meta["name"])
+            if verdict is None:
+                continue
+            conds = Conditions(status.get("conditions", []), meta.get("generation", 1), now)
+            conds.set("Ready", "True" if verdict.ready else "False", verdict.reason, verdict.message)
+            new = {"observedGeneration": meta.get("generation", 1), "conditions": conds.items, "tiers": verdict.tiers,
+                   "configMap": (route.get("spec") or {}).get("configMap") or DEFAULT_CONFIG_MAP,
+                   "configHash": out.digest}
+            if _status_changed(status, new):
+                kube.patch_route_status(namespace, meta["name"], new)
 
 
 if WEBHOOK_PORT:
@@ -111,6 +148,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger) -> 
         kopf.info(kopf.Body(upstream), reason="Reconciled", message=line[:1000])  # type: ignore[arg-type]
     if _status_changed(status, out.status):
         kube.patch_status(ns, name, out.status)
+        render_routes(kube, ns, logger)  # readiness and engine hash feed the router config
 
 
 def _status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:

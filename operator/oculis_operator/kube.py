@@ -62,8 +62,10 @@ class Kube:
         return self._raw(self.core.read_namespaced_service, render.workload_name(name), namespace) is not None
 
     def has_pdb(self, namespace: str, name: str) -> bool:
-        return self._raw(self.policy.read_namespaced_pod_disruption_budget, render.workload_name(name),
-                         namespace) is not None
+        return (
+            self._raw(self.policy.read_namespaced_pod_disruption_budget, render.workload_name(name), namespace)
+            is not None
+        )
 
     def secret_state(self, namespace: str, name: str, key: str) -> str:
         secret = self._raw(self.core.read_namespaced_secret, name, namespace)  # the value is never logged
@@ -72,15 +74,20 @@ class Kube:
         return "ok" if key in (secret.get("data") or {}) or key in (secret.get("stringData") or {}) else "missing-key"
 
     def gpu_nodes_and_pods(self, gfd_product: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        nodes = (self._raw(self.core.list_node, label_selector=f"nvidia.com/gpu.product={gfd_product}") or {})
-        pods = (self._raw(self.core.list_pod_for_all_namespaces,
-                          field_selector="status.phase!=Succeeded,status.phase!=Failed") or {})
+        nodes = self._raw(self.core.list_node, label_selector=f"nvidia.com/gpu.product={gfd_product}") or {}
+        pods = (
+            self._raw(
+                self.core.list_pod_for_all_namespaces, field_selector="status.phase!=Succeeded,status.phase!=Failed"
+            )
+            or {}
+        )
         names = {n["metadata"]["name"] for n in nodes.get("items", [])}
         return nodes.get("items", []), [p for p in pods.get("items", []) if p.get("spec", {}).get("nodeName") in names]
 
     def pending_reasons(self, namespace: str, name: str) -> list[str]:
-        pods = self._raw(self.core.list_namespaced_pod, namespace,
-                         label_selector=f"{render.UPSTREAM_LABEL}={name}") or {}
+        pods = (
+            self._raw(self.core.list_namespaced_pod, namespace, label_selector=f"{render.UPSTREAM_LABEL}={name}") or {}
+        )
         reasons = []
         for pod in pods.get("items", []):
             for c in pod.get("status", {}).get("conditions", []) or []:
@@ -110,5 +117,38 @@ class Kube:
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.requests += 1
-        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
-                                                          {"status": status})
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, {"status": status})
+
+    def list_custom(self, namespace: str, plural: str) -> list[dict[str, Any]]:
+        body = self._raw(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, plural) or {}
+        items: list[dict[str, Any]] = body.get("items", [])
+        return items
+
+    def config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._raw(self.core.read_namespaced_config_map, name, namespace)
+
+    def apply_config_map(
+        self, namespace: str, name: str, data: dict[str, str], annotations: dict[str, str], exists: bool
+    ) -> None:
+        self.requests += 1
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "annotations": annotations,
+                "labels": {"app.kubernetes.io/managed-by": "oculis", "app.kubernetes.io/component": "router-config"},
+            },
+            "data": data,
+        }
+        if exists:
+            self.core.replace_namespaced_config_map(name, namespace, body)
+        else:
+            self.core.create_namespaced_config_map(namespace, body)
+
+    def patch_route_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.requests += 1
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, "inferenceroutes", name, {"status": status}
+        )

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import Fakes, RouterHandle
 from prometheus_client import generate_latest
+from router_support import Fakes, RouterHandle
 
 LONG = ("This question refers to the following information. " + "In 1215 the barons compelled King John to seal a "
         "charter that limited royal power and protected legal procedures. " * 30 + "Which best explains why?")

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 import yaml
-from conftest import Fakes
 from fake_upstreams import free_port
+from router_support import Fakes
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 SECRET = "sk-openai-SECRET-1234"

@@ -1,0 +1,30 @@
+"""Helpers shared by the e2e tests (kept out of conftest so test modules can import them)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+E2E = Path(__file__).resolve().parents[1]
+CLUSTER = E2E / "cluster"
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T], timeout: float = 60, interval: float = 0.25, what: str = "") -> T:
+    """Call `probe` until it returns a truthy value without raising; fail with the last state."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = probe()
+            if last:
+                return last
+        except Exception as exc:  # the probe's own assertion or a 404 while the object appears
+            last = exc
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or probe}: last {last!r}", pytrace=False)
+        time.sleep(interval)
