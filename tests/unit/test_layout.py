@@ -19,7 +19,7 @@ def test_no_operator_package_shadows_the_stdlib() -> None:
 
 def test_router_and_schema_import_no_kopf_or_kubernetes() -> None:
     code = (
-        "import sys, oculis, oculis_router, oculis_cli.main\n"
+        "import sys, oculis, oculis_router.app, oculis_router.classify, oculis_cli.main, oculis_cli.serve\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'kopf', 'kubernetes'})\n"
         "print(bad); sys.exit(1 if bad else 0)"
     )

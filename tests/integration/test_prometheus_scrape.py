@@ -1,0 +1,56 @@
+"""A real Prometheus server scrapes `oculis serve`'s metrics port and can query what it counted."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+from fake_upstreams import free_port
+from router_support import Fakes
+from test_router_processes import start_router
+
+pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+
+
+def test_prometheus_scrapes_router_metrics(fakes: Fakes, tmp_path: Path) -> None:
+    cfg_path = tmp_path / "oculis-config.yaml"
+    cfg_path.write_text(yaml.safe_dump(fakes.config()))
+    router, url, mport = start_router(cfg_path, tmp_path / "router.log")
+    pport = free_port()
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": "oculis", "static_configs": [{"targets": [f"127.0.0.1:{mport}"]}]}]}))
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{pport}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="sk-client", max_retries=0)
+        for _ in range(3):
+            client.chat.completions.create(model="adaptive", messages=[{"role": "user", "content": "hi"}])
+        query = 'sum(oculis_requests_total{route="adaptive",outcome="ok"})'
+        deadline, value = time.monotonic() + 30, None
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{pport}/api/v1/query", params={"query": query}).json()
+                result = r["data"]["result"]
+                if result and float(result[0]["value"][1]) >= 3:
+                    value = float(result[0]["value"][1])
+                    break
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass
+            time.sleep(0.5)
+        assert value == 3.0
+        cost = httpx.get(f"http://127.0.0.1:{pport}/api/v1/query",
+                         params={"query": "oculis_cost_dollars_total"}).json()["data"]["result"]
+        assert cost and cost[0]["metric"]["upstream"] == "llama-8b" and float(cost[0]["value"][1]) > 0
+    finally:
+        prom.terminate()
+        router.terminate()
+        prom.wait(10)
+        router.wait(10)
