@@ -179,6 +179,24 @@ class Router:
         esc = plan.route.route.escalation if plan.route else None
         return bool(esc and esc.enabled and esc.on_upstream_error and i + 1 < len(plan.tiers))
 
+    def _rejected(self, rej: UpstreamRejected, body: dict[str, Any], plan: Plan, i: int, key: str | None,
+                  route_label: str) -> Response:
+        """The upstream refused the request itself: relay its answer, not retried, not escalated."""
+        up = plan.tiers[i]
+        self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, f"upstream_{rej.status}").inc()
+        return Response(rej.body, status_code=rej.status, media_type="application/json",
+                        headers=self.headers(body, plan, i, _cache_state(key)))
+
+    def _failed(self, exc: UpstreamFailed, plan: Plan, i: int, route_label: str) -> None:
+        """Count a tier that failed after its retries; return to try the next tier, or raise the 502."""
+        up = plan.tiers[i]
+        self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "upstream_failed").inc()
+        if not self._can_escalate(plan, i):
+            raise APIError(502, f"upstream {up.name} failed after retries: {exc}", type_="upstream_error",
+                           code="upstream_failed") from None
+        self.metrics.escalations.labels(route_label, "upstream_error").inc()
+        log.warning("escalating past %s after retries: %s", up.name, exc)
+
     async def _complete(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
                         route_label: str) -> Response:
         for i, up in enumerate(plan.tiers):
@@ -186,23 +204,16 @@ class Router:
             try:
                 data = await self.caller.complete(up, endpoint, body)
             except UpstreamRejected as rej:
-                self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, f"upstream_{rej.status}").inc()
-                return Response(rej.body, status_code=rej.status, media_type="application/json",
-                                headers=self.headers(body, plan, i, "bypass" if key is None else "miss"))
+                return self._rejected(rej, body, plan, i, key, route_label)
             except UpstreamFailed as exc:
-                self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "upstream_failed").inc()
-                if self._can_escalate(plan, i):
-                    self.metrics.escalations.labels(route_label, "upstream_error").inc()
-                    log.warning("escalating past %s after retries: %s", up.name, exc)
-                    continue
-                raise APIError(502, f"upstream {up.name} failed after retries: {exc}", type_="upstream_error",
-                               code="upstream_failed") from None
+                self._failed(exc, plan, i, route_label)
+                continue
             self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
             account(self.metrics, up, data.get("usage"))
             self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "ok").inc()
             if key is not None and plan.route and plan.route.store and i == 0:
                 await plan.route.store.set(key, data)
-            return JSONResponse(data, headers=self.headers(body, plan, i, "bypass" if key is None else "miss"))
+            return JSONResponse(data, headers=self.headers(body, plan, i, _cache_state(key)))
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
     async def _stream(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
@@ -212,19 +223,14 @@ class Router:
             try:
                 resp, translator = await self.caller.open_stream(up, endpoint, body)
             except UpstreamRejected as rej:
-                return Response(rej.body, status_code=rej.status, media_type="application/json",
-                                headers=self.headers(body, plan, i, "bypass" if key is None else "miss"))
+                return self._rejected(rej, body, plan, i, key, route_label)
             except UpstreamFailed as exc:
-                self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "upstream_failed").inc()
-                if self._can_escalate(plan, i):
-                    self.metrics.escalations.labels(route_label, "upstream_error").inc()
-                    continue
-                raise APIError(502, f"upstream {up.name} failed after retries: {exc}", type_="upstream_error",
-                               code="upstream_failed") from None
+                self._failed(exc, plan, i, route_label)
+                continue
             store = plan.route.store if (plan.route and key is not None and i == 0) else None
             gen = self._relay(resp, translator, up, t0, route_label, plan.tier_names[i], store, key)
             return StreamingResponse(gen, media_type="text/event-stream",
-                                     headers=self.headers(body, plan, i, "bypass" if key is None else "miss"))
+                                     headers=self.headers(body, plan, i, _cache_state(key)))
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
     async def _relay(self, resp: aiohttp.ClientResponse, translator: Any, up: Upstream, t0: float, route_label: str,
@@ -299,6 +305,10 @@ class StreamCollector:
         return {**self.meta, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(self.content)},
                              "finish_reason": self.finish or "stop"}], "usage": self.usage}
+
+
+def _cache_state(key: str | None) -> str:
+    return "bypass" if key is None else "miss"
 
 
 async def _iter(chunks: list[bytes]) -> AsyncIterator[bytes]:

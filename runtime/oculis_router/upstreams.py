@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -41,6 +42,7 @@ def provider_of(up: Upstream) -> Any:
 
 
 NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+T = TypeVar("T")
 
 
 class Caller:
@@ -54,55 +56,59 @@ class Caller:
                              wait=wait_exponential(multiplier=self.backoff, max=2.0),
                              retry=retry_if_exception_type(Retryable), reraise=True)
 
+    async def _with_retries(self, up: Upstream, once: Callable[[], Awaitable[T]], retries: int | None) -> T:
+        """Run `once` until it does not raise Retryable, then give up with UpstreamFailed."""
+        try:
+            async for attempt in self._retrying(retries):
+                with attempt:
+                    return await once()
+        except Retryable as exc:
+            raise UpstreamFailed(f"{up.name}: {exc}") from exc
+        raise AssertionError("unreachable")
+
     async def complete(self, up: Upstream, endpoint: str, body: dict[str, Any],
                        retries: int | None = None) -> dict[str, Any]:
         prov = provider_of(up)
         url, headers, payload = prov.build_request(up, endpoint, body)
-        try:
-            async for attempt in self._retrying(retries):
-                with attempt:
-                    try:
-                        async with self.http.post(url, headers=headers, json=payload,
-                                                  timeout=aiohttp.ClientTimeout(total=up.timeout_seconds)) as r:
-                            content = await r.read()
-                            status = r.status
-                    except NETWORK_ERRORS as exc:
-                        raise Retryable(type(exc).__name__) from exc
-                    if status == 429 or status >= 500:
-                        raise Retryable(f"status {status}")
-                    if status >= 400:
-                        raise UpstreamRejected(status, content)
-                    try:
-                        data: dict[str, Any] = prov.parse_response(endpoint, json.loads(content))
-                    except ValueError as exc:
-                        raise Retryable("the upstream answered with invalid JSON") from exc
-                    return data
-        except Retryable as exc:
-            raise UpstreamFailed(f"{up.name}: {exc}") from exc
-        raise AssertionError("unreachable")
+
+        async def once() -> dict[str, Any]:
+            try:
+                async with self.http.post(url, headers=headers, json=payload,
+                                          timeout=aiohttp.ClientTimeout(total=up.timeout_seconds)) as r:
+                    content, status = await r.read(), r.status
+            except NETWORK_ERRORS as exc:
+                raise Retryable(type(exc).__name__) from exc
+            if status == 429 or status >= 500:
+                raise Retryable(f"status {status}")
+            if status >= 400:
+                raise UpstreamRejected(status, content)
+            try:
+                data: dict[str, Any] = prov.parse_response(endpoint, json.loads(content))
+            except ValueError as exc:
+                raise Retryable("the upstream answered with invalid JSON") from exc
+            return data
+
+        return await self._with_retries(up, once, retries)
 
     async def open_stream(self, up: Upstream, endpoint: str, body: dict[str, Any],
                           retries: int | None = None) -> tuple[aiohttp.ClientResponse, Any]:
         """An open streaming response (status checked) and a chunk translator (None: pass through)."""
         prov = provider_of(up)
         url, headers, payload = prov.build_request(up, endpoint, body)
-        try:
-            async for attempt in self._retrying(retries):
-                with attempt:
-                    try:
-                        resp = await self.http.post(url, headers=headers, json=payload,
-                                                    timeout=aiohttp.ClientTimeout(total=up.timeout_seconds))
-                    except NETWORK_ERRORS as exc:
-                        raise Retryable(type(exc).__name__) from exc
-                    if resp.status == 429 or resp.status >= 500:
-                        resp.release()
-                        raise Retryable(f"status {resp.status}")
-                    if resp.status >= 400:
-                        content = await resp.read()
-                        resp.release()
-                        raise UpstreamRejected(resp.status, content)
-                    translator = anthropic.StreamTranslator() if up.provider == "anthropic" else None
-                    return resp, translator
-        except Retryable as exc:
-            raise UpstreamFailed(f"{up.name}: {exc}") from exc
-        raise AssertionError("unreachable")
+
+        async def once() -> tuple[aiohttp.ClientResponse, Any]:
+            try:
+                resp = await self.http.post(url, headers=headers, json=payload,
+                                            timeout=aiohttp.ClientTimeout(total=up.timeout_seconds))
+            except NETWORK_ERRORS as exc:
+                raise Retryable(type(exc).__name__) from exc
+            if resp.status == 429 or resp.status >= 500:
+                resp.release()
+                raise Retryable(f"status {resp.status}")
+            if resp.status >= 400:
+                content = await resp.read()
+                resp.release()
+                raise UpstreamRejected(resp.status, content)
+            return resp, anthropic.StreamTranslator() if up.provider == "anthropic" else None
+
+        return await self._with_retries(up, once, retries)
