@@ -28,6 +28,10 @@ def test_chart_lints_and_installs(bin_dir: Path, kubeconfig: Path, api: client.A
         pod = dep.spec.template.spec
         assert pod.security_context.run_as_non_root is True
         assert pod.containers[0].security_context.read_only_root_filesystem is True
+        router = client.AppsV1Api(api).read_namespaced_deployment(f"{release}-router", namespace).spec.template.spec
+        assert router.automount_service_account_token is False
+        assert router.containers[0].security_context.read_only_root_filesystem is True
+        assert router.volumes[0].config_map.name == "oculis-router-config"
         role = client.RbacAuthorizationV1Api(api).read_cluster_role(f"{release}-operator")
         secrets = [r for r in role.rules if "secrets" in r.resources]
         assert [r.verbs for r in secrets] == [["get"]]  # never list or watch Secrets
