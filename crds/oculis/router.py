@@ -15,6 +15,8 @@ from pydantic import Field, ValidationError, model_validator
 from oculis.base import Model, format_errors
 
 Provider = Literal["vllm", "openai", "anthropic", "openai-compatible"]
+# Where a hosted provider answers when no base URL is given.
+PROVIDER_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com/v1"}
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
 
@@ -57,8 +59,7 @@ class Upstream(Model):
 
     @property
     def url(self) -> str:
-        default = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com/v1"}
-        return (self.base_url or default.get(self.provider, "")).rstrip("/")
+        return (self.base_url or PROVIDER_URLS.get(self.provider, "")).rstrip("/")
 
 
 class TierMatch(Model):

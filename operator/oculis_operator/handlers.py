@@ -22,9 +22,9 @@ from oculis_operator import reconcile as core
 from oculis_operator import render, rollout, routeconfig
 from oculis_operator.admission import admission_verdict
 from oculis_operator.conditions import Conditions
-from oculis_operator.kube import Kube, load_client
+from oculis_operator.kube import GROUP, PLURAL, VERSION, Kube, load_client
 
-GROUP, VERSION, PLURAL = "oculis.dev", "v1alpha1", "gpuupstreams"
+ROUTES = "inferenceroutes"
 WEBHOOK_PORT = os.environ.get("OCULIS_WEBHOOK_PORT")
 
 
@@ -51,8 +51,8 @@ def report(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
 def upstream_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     if type == "DELETED":
         return  # owner references garbage-collect the workload
-    if type == "MODIFIED" and body.get("status", {}).get("observedGeneration") == body["metadata"].get("generation"):
-        return  # only status moved (often our own write): the Deployment's events carry rollout progress
+    if _only_status_moved(type, body):
+        return  # often our own write; the Deployment's events carry rollout progress
     reconcile_named(memo, body["metadata"]["namespace"], body["metadata"]["name"], logger)
 
 
@@ -62,9 +62,9 @@ def deployment_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger:
     reconcile_named(memo, body["metadata"]["namespace"], body["metadata"]["labels"][render.UPSTREAM_LABEL], logger)
 
 
-@kopf.on.event(GROUP, VERSION, "inferenceroutes")
+@kopf.on.event(GROUP, VERSION, ROUTES)
 def route_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    if type == "MODIFIED" and body.get("status", {}).get("observedGeneration") == body["metadata"].get("generation"):
+    if _only_status_moved(type, body):
         return  # our own status write
     render_routes(memo.kube, body["metadata"]["namespace"], logger)
 
@@ -72,11 +72,11 @@ def route_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf
 def render_routes(kube: Kube, namespace: str, logger: kopf.Logger) -> None:
     """Re-render the namespace's router config; write the ConfigMap and route statuses only on change."""
     with kube.lock_for(namespace, "\x00routes"):
-        routes = kube.list_custom(namespace, "inferenceroutes")
+        routes = kube.list_custom(namespace, ROUTES)
         if not routes:
             return
         out = routeconfig.render_namespace(routes, kube.list_custom(namespace, PLURAL))
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = _now()
         for cm in sorted({(r.get("spec") or {}).get("configMap") or DEFAULT_CONFIG_MAP for r in routes}):
             current = kube.config_map(namespace, cm)
             if out.data and (current is None or current.get("data") != out.data):
@@ -94,7 +94,7 @@ def render_routes(kube: Kube, namespace: str, logger: kopf.Logger) -> None:
                    "configMap": (route.get("spec") or {}).get("configMap") or DEFAULT_CONFIG_MAP,
                    "configHash": out.digest}
             if _status_changed(status, new):
-                kube.patch_route_status(namespace, meta["name"], new)
+                kube.patch_status(namespace, meta["name"], new, ROUTES)
 
 
 if WEBHOOK_PORT:
@@ -137,8 +137,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger) -> 
         nodes, pods = kube.gpu_nodes_and_pods(product)
         return rollout.spare_gpus(nodes, pods, product)
 
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    out = core.reconcile(obs, spare, now)
+    out = core.reconcile(obs, spare, _now())
     for body in out.create:
         kube.create(body)
     if out.deployment_patch is not None:
@@ -149,6 +148,15 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger) -> 
     if _status_changed(status, out.status):
         kube.patch_status(ns, name, out.status)
         render_routes(kube, ns, logger)  # readiness and engine hash feed the router config
+
+
+def _only_status_moved(type: str | None, body: kopf.Body) -> bool:
+    """A MODIFIED event whose spec we have already handled (same generation as observed)."""
+    return type == "MODIFIED" and body.get("status", {}).get("observedGeneration") == body["metadata"].get("generation")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:

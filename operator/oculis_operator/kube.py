@@ -115,9 +115,9 @@ class Kube:
         self.requests += 1
         self.apps.patch_namespaced_deployment(render.workload_name(name), namespace, patch)
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any], plural: str = PLURAL) -> None:
         self.requests += 1
-        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, {"status": status})
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, plural, name, {"status": status})
 
     def list_custom(self, namespace: str, plural: str) -> list[dict[str, Any]]:
         body = self._raw(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, plural) or {}
@@ -146,9 +146,3 @@ class Kube:
             self.core.replace_namespaced_config_map(name, namespace, body)
         else:
             self.core.create_namespaced_config_map(namespace, body)
-
-    def patch_route_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.requests += 1
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, "inferenceroutes", name, {"status": status}
-        )

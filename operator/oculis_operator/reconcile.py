@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from oculis import gpus
 from oculis.base import format_errors
+from oculis.router import PROVIDER_URLS
 from oculis.upstream import Engine, GPUUpstreamSpec
 from oculis_operator import capacity, catalog, engine_args, render, rollout
 from oculis_operator.conditions import Conditions
@@ -59,8 +60,7 @@ def reconcile(obs: Observed, spare_gpus: Callable[[str], int], now: str) -> Outc
 
 def _external(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status: dict[str, Any]) -> Outcome:
     ref = spec.api_key_secret_ref
-    status["endpoint"] = spec.base_url or {"openai": "https://api.openai.com/v1",
-                                           "anthropic": "https://api.anthropic.com/v1"}.get(spec.provider, "")
+    status["endpoint"] = spec.base_url or PROVIDER_URLS.get(spec.provider, "")
     conds.set("CapacityOK", "True", "External", "external provider: no GPUs to plan")
     conds.set("Progressing", "False", "External", "no workload to roll")
     if ref is not None and obs.secret != "ok":
@@ -91,7 +91,6 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
                  spare_gpus: Callable[[str], int]) -> Outcome:
     assert spec.gpu is not None
     product = gpus.lookup(spec.gpu.product)
-    engine = spec.engine or Engine()
     status["gpu"] = f"{spec.gpu.product} x{spec.gpu.count}"
     status["endpoint"] = render.endpoint(obs.name, obs.namespace)
     verdict = check(spec)
@@ -110,7 +109,6 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
         argv = engine_args.build(spec, resolved)
     except engine_args.ExtraArgError as exc:
         return _refuse(obs, conds, status, "InvalidEngineArgs", str(exc))
-    del engine
 
     existing = obs.deployment
     strategy_reason = obs.status.get("rollout", "")
@@ -200,11 +198,9 @@ def _report_progress(obs: Observed, existing: dict[str, Any] | None, desired_has
 
 
 def _ann(obj: dict[str, Any], key: str) -> str | None:
-    value = (obj.get("metadata", {}).get("annotations") or {}).get(key)
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
     return str(value) if value is not None else None
 
 
 def _template_hash(dep: dict[str, Any]) -> str | None:
-    value = ((dep.get("spec", {}).get("template", {}).get("metadata", {}) or {}).get("annotations") or {}).get(
-        render.ENGINE_HASH)
-    return str(value) if value is not None else None
+    return _ann(dep.get("spec", {}).get("template", {}), render.ENGINE_HASH)

@@ -140,7 +140,7 @@ class Router:
     def __init__(self, holder: ConfigHolder, caller: Caller, metrics: Metrics) -> None:
         self.holder, self.caller, self.metrics = holder, caller, metrics
 
-    def headers(self, body: dict[str, Any], plan: Plan, i: int, cache: str) -> dict[str, str]:
+    def headers(self, plan: Plan, i: int, cache: str) -> dict[str, str]:
         h = {"x-oculis-route": plan.route.route.name if plan.route else "", "x-oculis-tier": plan.tier_names[i],
              "x-oculis-upstream": plan.tiers[i].name, "x-oculis-cache": cache,
              "x-oculis-escalated": "true" if plan.escalated or i > 0 else "false"}
@@ -163,7 +163,7 @@ class Router:
                 self.metrics.cache.labels(route_label, "hit" if hit else "miss").inc()
                 if hit is not None:
                     self.metrics.requests.labels(route_label, plan.tier_names[0], plan.tiers[0].name, "cache_hit").inc()
-                    hdrs = self.headers(body, plan, 0, "hit")
+                    hdrs = self.headers(plan, 0, "hit")
                     if body.get("stream"):
                         return StreamingResponse(_iter(rcache.sse_from_response(hit)), headers=hdrs,
                                                  media_type="text/event-stream")
@@ -179,13 +179,13 @@ class Router:
         esc = plan.route.route.escalation if plan.route else None
         return bool(esc and esc.enabled and esc.on_upstream_error and i + 1 < len(plan.tiers))
 
-    def _rejected(self, rej: UpstreamRejected, body: dict[str, Any], plan: Plan, i: int, key: str | None,
+    def _rejected(self, rej: UpstreamRejected, plan: Plan, i: int, key: str | None,
                   route_label: str) -> Response:
         """The upstream refused the request itself: relay its answer, not retried, not escalated."""
         up = plan.tiers[i]
         self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, f"upstream_{rej.status}").inc()
         return Response(rej.body, status_code=rej.status, media_type="application/json",
-                        headers=self.headers(body, plan, i, _cache_state(key)))
+                        headers=self.headers(plan, i, _cache_state(key)))
 
     def _failed(self, exc: UpstreamFailed, plan: Plan, i: int, route_label: str) -> None:
         """Count a tier that failed after its retries; return to try the next tier, or raise the 502."""
@@ -204,7 +204,7 @@ class Router:
             try:
                 data = await self.caller.complete(up, endpoint, body)
             except UpstreamRejected as rej:
-                return self._rejected(rej, body, plan, i, key, route_label)
+                return self._rejected(rej, plan, i, key, route_label)
             except UpstreamFailed as exc:
                 self._failed(exc, plan, i, route_label)
                 continue
@@ -213,7 +213,7 @@ class Router:
             self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "ok").inc()
             if key is not None and plan.route and plan.route.store and i == 0:
                 await plan.route.store.set(key, data)
-            return JSONResponse(data, headers=self.headers(body, plan, i, _cache_state(key)))
+            return JSONResponse(data, headers=self.headers(plan, i, _cache_state(key)))
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
     async def _stream(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
@@ -223,14 +223,14 @@ class Router:
             try:
                 resp, translator = await self.caller.open_stream(up, endpoint, body)
             except UpstreamRejected as rej:
-                return self._rejected(rej, body, plan, i, key, route_label)
+                return self._rejected(rej, plan, i, key, route_label)
             except UpstreamFailed as exc:
                 self._failed(exc, plan, i, route_label)
                 continue
             store = plan.route.store if (plan.route and key is not None and i == 0) else None
             gen = self._relay(resp, translator, up, t0, route_label, plan.tier_names[i], store, key)
             return StreamingResponse(gen, media_type="text/event-stream",
-                                     headers=self.headers(body, plan, i, _cache_state(key)))
+                                     headers=self.headers(plan, i, _cache_state(key)))
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
     async def _relay(self, resp: aiohttp.ClientResponse, translator: Any, up: Upstream, t0: float, route_label: str,
