@@ -230,10 +230,21 @@ def check_ports_free(ports: Ports) -> None:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 env = f"OCULIS_E2E_{name.upper()}_PORT"
+                low, high = ephemeral_range()
+                hint = (f" below {low} (ports {low}-{high} are the kernel's ephemeral range, which client "
+                        "connections take at random)" if low <= port <= high else "")
                 raise ClusterError(
                     f"port 127.0.0.1:{port} ({name}) is already in use; stop whatever holds it "
-                    f"(`ss -ltnp 'sport = :{port}'`) or set {env} to a free port"
+                    f"(`ss -ltnp 'sport = :{port}'`) or set {env} to a free port{hint}"
                 ) from None
+
+
+def ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def wait_for(what: str, probe: Any, timeout: float, log_name: str) -> None:

@@ -4,6 +4,7 @@ and `down` cleaning up after a crash."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,8 +15,26 @@ from pathlib import Path
 import pytest
 from e2e_support import CLUSTER, eventually
 
-ALT_PORTS = {"ETCD": 33790, "ETCD_PEER": 33800, "APISERVER": 36443, "CONTROLLER_MANAGER": 30257,
-             "SCHEDULER": 30259, "KWOK": 30247}
+PORT_NAMES = ("ETCD", "ETCD_PEER", "APISERVER", "CONTROLLER_MANAGER", "SCHEDULER", "KWOK")
+
+
+def listenable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def pick_ports() -> dict[str, int]:
+    """Free ports for a second cluster, drawn below the kernel's ephemeral range (32768+ here): a
+    fixed port up there can be held at any moment by some client connection's local end, which is
+    how a CI run once found 33800 taken."""
+    low, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    candidates = [p for p in random.sample(range(21000, min(low, 32768)), 200) if listenable(p)]
+    return dict(zip(PORT_NAMES, candidates, strict=False))
 
 
 def cluster(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -38,7 +57,7 @@ def procs_under(state: Path) -> list[int]:
 @pytest.fixture
 def alt_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     env = {"OCULIS_E2E_STATE": str(tmp_path / "state")}
-    env.update({f"OCULIS_E2E_{k}_PORT": str(v) for k, v in ALT_PORTS.items()})
+    env.update({f"OCULIS_E2E_{k}_PORT": str(v) for k, v in pick_ports().items()})
     yield env
     cluster("down", env=env)
 
@@ -51,14 +70,15 @@ def test_up_is_idempotent(kubeconfig: Path) -> None:
 
 
 def test_port_taken_gives_one_line_cause_and_no_strays(alt_env: dict[str, str]) -> None:
+    apiserver = alt_env["OCULIS_E2E_APISERVER_PORT"]
     with socket.socket() as s:
-        s.bind(("127.0.0.1", ALT_PORTS["APISERVER"]))
+        s.bind(("127.0.0.1", int(apiserver)))
         s.listen()
         proc = cluster("up", env=alt_env)
     assert proc.returncode == 1
     errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
     assert len(errors) == 1, proc.stderr
-    assert f"127.0.0.1:{ALT_PORTS['APISERVER']} (apiserver) is already in use" in errors[0]
+    assert f"127.0.0.1:{apiserver} (apiserver) is already in use" in errors[0]
     assert "OCULIS_E2E_APISERVER_PORT" in errors[0]
     assert "Traceback" not in proc.stderr
     assert procs_under(Path(alt_env["OCULIS_E2E_STATE"])) == []
