@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -198,10 +199,13 @@ def test_external_upstream_with_missing_secret_is_not_ready(world: World) -> Non
     c = eventually(lambda: world.cond("gpt4o", "Ready") or None, what="Ready condition")
     assert c["status"] == "False" and c["reason"] == "SecretNotFound"
     assert "kubectl create secret generic openai" in c["message"]
+    # The upstream itself is never touched again: the operator rechecks waiting upstreams by name.
     world.core.create_namespaced_secret(world.ns, client.V1Secret(metadata=client.V1ObjectMeta(name="openai"),
-                                                                  string_data={"key": "sk-test"}))
-    world.patch("gpt4o", {"pricing": {"inputPerMtok": 2.5}})  # any touch; the operator does not watch Secrets
-    eventually(lambda: world.cond("gpt4o", "Ready").get("status") == "True", what="Ready once the Secret exists")
+                                                                  string_data={"other": "x"}))
+    eventually(lambda: world.cond("gpt4o", "Ready").get("reason") == "SecretKeyMissing", what="key missing")
+    assert "no key 'key'" in world.cond("gpt4o", "Ready")["message"]
+    world.core.patch_namespaced_secret("openai", world.ns, {"stringData": {"key": "sk-test"}})
+    eventually(lambda: world.cond("gpt4o", "Ready").get("status") == "True", what="Ready once the key exists")
     with pytest.raises(client.ApiException):
         world.deployment("gpt4o")
 
@@ -237,3 +241,27 @@ def test_operator_restart_mid_rollout_resumes(world: World, operator: Any) -> No
         operator.wait_ready(operator.webhook_registered)
     eventually(lambda: world.ready("resume"), timeout=120, what="rollout finished after restart")
     assert all("--max-num-seqs=48" in p.spec.containers[0].args for p in world.pods("resume"))
+
+
+def test_a_refused_write_is_reported_once_and_retried_without_a_touch(world: World, operator: Any) -> None:
+    # A ResourceQuota forbids Deployments: the API refuses the operator's create. The operator says so
+    # in one line (log and Event, no traceback) and creates the Deployment once the quota is gone,
+    # with no further change to the GPUUpstream.
+    log_start = len(operator.log())
+    world.core.create_namespaced_resource_quota(world.ns, client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="no-deployments"),
+        spec=client.V1ResourceQuotaSpec(hard={"count/deployments.apps": "0"})))
+    world.create(upstream("quota", replicas=1))
+
+    def warned() -> list[Any]:
+        return [e for e in world.core.list_namespaced_event(world.ns).items
+                if e.reason == "ReconcileFailed" and e.involved_object.name == "quota"]
+
+    events = eventually(lambda: warned() or None, what="a ReconcileFailed event")
+    assert "403 Forbidden" in events[0].message and "no-deployments" in events[0].message
+    time.sleep(3)  # several rechecks later: still one event, not one per retry
+    assert len(warned()) == 1 and (warned()[0].count or 1) == 1
+    new_log = operator.log()[log_start:]
+    assert "Traceback" not in new_log and "quota] reconcile failed" in new_log
+    world.core.delete_namespaced_resource_quota("no-deployments", world.ns)
+    eventually(lambda: world.ready("quota"), timeout=60, what="Ready once the quota is gone")

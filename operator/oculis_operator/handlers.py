@@ -4,18 +4,27 @@
 Level-based and quiet: every GPUUpstream event and every event of a Deployment we own leads to one
 reconcile of that upstream, which writes only what differs. No kopf progress annotations: state
 lives in status (GitOps tools replace annotations). Environment:
+  OCULIS_RECHECK_SECONDS (default 10): how often upstreams are reconciled again, by name, when their
+  last reconcile failed on an API error (kopf does not retry event handlers) or they wait for an
+  API-key Secret. Polling those few by name needs only `get` on Secrets; watching Secrets would
+  need cluster-wide list/watch on every Secret, which least privilege rules out.
   OCULIS_WEBHOOK_PORT (+ _ADDR, _HOST, _CERT, _KEY, _CA): serve the validating webhook, which
   refuses at apply time a change whose single sequence or weights cannot fit.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
+import json
 import logging
 import os
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from oculis.inferenceroute import DEFAULT_CONFIG_MAP
 from oculis_operator import reconcile as core
@@ -26,6 +35,9 @@ from oculis_operator.kube import GROUP, PLURAL, VERSION, Kube, load_client
 
 ROUTES = "inferenceroutes"
 WEBHOOK_PORT = os.environ.get("OCULIS_WEBHOOK_PORT")
+RECHECK_SECONDS = float(os.environ.get("OCULIS_RECHECK_SECONDS", "10"))
+WAITING_REASONS = {"SecretNotFound", "SecretKeyMissing"}
+log = logging.getLogger("oculis.operator")
 
 
 @kopf.on.startup()
@@ -41,8 +53,38 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         settings.admission.managed = "oculis.dev"
 
 
+@kopf.on.startup()
+async def start_rechecks(memo: kopf.Memo, **_: Any) -> None:
+    # A task created here inherits kopf's context, so events can still be posted from it.
+    memo.rechecks = asyncio.create_task(recheck(memo))
+
+
+async def recheck(memo: kopf.Memo) -> None:
+    """Reconcile again, by name, the upstreams whose last reconcile failed or waits for a Secret, and
+    the namespaces whose router config could not be written."""
+    kube: Kube = memo.kube
+    while True:
+        await asyncio.sleep(RECHECK_SECONDS)
+        for namespace, name in sorted(kube.recheck):
+            with contextlib.suppress(Exception):  # one failing upstream must not stop the others
+                named = Prefixed(log, {"obj": f"{namespace}/{name}"})
+                await asyncio.to_thread(reconcile_named, memo, namespace, name, named)
+        for namespace in sorted(kube.recheck_routes):
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(render_routes_or_recheck, kube, namespace, log)
+
+
+class Prefixed(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Names the object in lines logged outside a kopf handler, as kopf's own logger does."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        return f"[{(self.extra or {}).get('obj')}] {msg}", kwargs
+
+
 @kopf.on.cleanup()
 def report(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    if getattr(memo, "rechecks", None) is not None:
+        memo.rechecks.cancel()
     # One line the scale benchmark reads: how many API requests the reconciles cost.
     logger.info(f"oculis totals: {memo.kube.reconciles} reconciles, {memo.kube.requests} API requests")
 
@@ -66,7 +108,19 @@ def deployment_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger:
 def route_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     if _only_status_moved(type, body):
         return  # our own status write
-    render_routes(memo.kube, body["metadata"]["namespace"], logger)
+    render_routes_or_recheck(memo.kube, body["metadata"]["namespace"], logger)
+
+
+def render_routes_or_recheck(kube: Kube, namespace: str, logger: kopf.Logger) -> None:
+    try:
+        render_routes(kube, namespace, logger)
+        kube.recheck_routes.discard(namespace)
+    except (ApiException, HTTPError) as err:
+        if going_away(err):
+            return
+        kube.recheck_routes.add(namespace)
+        logger.warning(f"Rendering the router config of {namespace} failed, retrying in {RECHECK_SECONDS:g} s: "
+                       f"{api_error_line(err)}")
 
 
 def render_routes(kube: Kube, namespace: str, logger: kopf.Logger) -> None:
@@ -110,9 +164,28 @@ def reconcile_named(memo: kopf.Memo, namespace: str, name: str, logger: kopf.Log
     each must start from the status the previous one wrote, so it is read inside the lock."""
     kube: Kube = memo.kube
     with kube.lock_for(namespace, name):
-        upstream = kube.upstream(namespace, name)
-        if upstream is not None and not upstream["metadata"].get("deletionTimestamp"):
+        upstream = None
+        try:
+            upstream = kube.upstream(namespace, name)
+            if upstream is None or upstream["metadata"].get("deletionTimestamp"):
+                kube.recheck.discard((namespace, name))
+                kube.last_failure.pop((namespace, name), None)
+                return
             reconcile_one(kube, upstream, logger)
+        except (ApiException, HTTPError) as err:
+            # One line, no traceback: the cause is the API's answer; the recheck loop tries again
+            # (and drops the upstream once it is gone).
+            kube.recheck.add((namespace, name))
+            if going_away(err):  # its namespace is being deleted: nothing to tell anyone
+                return
+            line = f"reconcile failed, retrying every {RECHECK_SECONDS:g} s: {api_error_line(err)}"
+            if kube.last_failure.get((namespace, name)) != line:  # say it once, not every recheck
+                kube.last_failure[(namespace, name)] = line
+                logger.warning(line)
+                if upstream is not None:  # shown by `kubectl describe gu`
+                    kopf.warn(kopf.Body(upstream), reason="ReconcileFailed", message=line)  # type: ignore[arg-type]
+            return
+        kube.last_failure.pop((namespace, name), None)
 
 
 def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger) -> None:
@@ -138,6 +211,11 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger) -> 
         return rollout.spare_gpus(nodes, pods, product)
 
     out = core.reconcile(obs, spare, _now())
+    ready: dict[str, Any] = next((c for c in out.status.get("conditions", []) if c["type"] == "Ready"), {})
+    if external and ready.get("reason") in WAITING_REASONS:
+        kube.recheck.add((ns, name))
+    else:
+        kube.recheck.discard((ns, name))
     for body in out.create:
         kube.create(body)
     if out.deployment_patch is not None:
@@ -147,7 +225,26 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger) -> 
         kopf.info(kopf.Body(upstream), reason="Reconciled", message=line[:1000])  # type: ignore[arg-type]
     if _status_changed(status, out.status):
         kube.patch_status(ns, name, out.status)
-        render_routes(kube, ns, logger)  # readiness and engine hash feed the router config
+        render_routes_or_recheck(kube, ns, logger)  # readiness and engine hash feed the router config
+
+
+def going_away(err: Exception) -> bool:
+    """The namespace is terminating or gone, or the object was deleted under us."""
+    return isinstance(err, ApiException) and (
+        err.status == 404 or (err.status == 403 and "NamespaceTerminating" in (err.body or "")))
+
+
+def api_error_line(err: Exception) -> str:
+    if isinstance(err, ApiException):
+        try:
+            status = json.loads(err.body or "{}")
+        except ValueError:
+            status = None
+        message = status.get("message", "") if isinstance(status, dict) else ""
+        line = f"{err.status} {err.reason}: {message or err.body or ''}"
+    else:
+        line = f"{type(err).__name__}: {err}"
+    return " ".join(line.split())[:500]  # one log line whatever the body holds
 
 
 def _only_status_moved(type: str | None, body: kopf.Body) -> bool:
