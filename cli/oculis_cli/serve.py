@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,18 @@ def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the OpenAI-compatible router from a config file")
     p.add_argument("--config", required=True, type=Path, help="oculis-config.yaml (reloaded when it changes)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics (0: off)")
+    p.add_argument("--port", type=port_number, default=8080)
+    p.add_argument("--metrics-port", type=port_number, default=9090, help="Prometheus metrics (0: off)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--shutdown-grace", type=float, default=120, metavar="SECONDS",
+                   help="after SIGTERM, how long in-flight requests and streams may take to finish (default 120)")
     p.set_defaults(run=run)
+
+
+def port_number(raw: str) -> int:
+    if not raw.isdigit() or int(raw) > 65535:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a port; give 0-65535")
+    return int(raw)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,6 +36,14 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"oculis serve: {exc}", file=sys.stderr)
         return 2
+    if args.shutdown_grace < 0:
+        print(f"oculis serve: --shutdown-grace {args.shutdown_grace:g} is negative; give seconds >= 0", file=sys.stderr)
+        return 2
+    for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
+        if port and not port_free(args.host, port):
+            print(f"oculis serve: {flag} {port}: {args.host}:{port} is already in use; stop what holds it "
+                  f"(`ss -ltnp 'sport = :{port}'`) or pick another {flag}", file=sys.stderr)
+            return 1
     import uvicorn
     from prometheus_client import start_http_server
 
@@ -38,6 +55,18 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
     app = build_app(config_path=args.config, metrics=metrics)
+    # On SIGTERM (a rolling restart) uvicorn stops accepting, lets in-flight requests and streams
+    # finish for up to --shutdown-grace seconds, then exits: no answer is cut short by a restart.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                loop="uvloop", http="httptools", backlog=4096)
+                loop="uvloop", http="httptools", backlog=4096, timeout_graceful_shutdown=args.shutdown_grace)
     return 0
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True

@@ -3,12 +3,19 @@ handle on a router under test (kept out of conftest so test modules can import t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import yaml
-from fake_upstreams import Script, Server, anthropic_app, openai_app
+from fake_upstreams import Script, Server, anthropic_app, free_port, openai_app
+
+SECRET = "sk-openai-SECRET-1234"
 
 
 class Fakes:
@@ -92,3 +99,36 @@ class RouterHandle:
         self.path.write_text(yaml.safe_dump(cfg))
 
 
+def start_router(config: Path, log: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str, int]:
+    """`oculis serve` as a process on free ports; returns it, its base URL and its metrics port."""
+    port, mport = free_port(), free_port()
+    env = {**os.environ, "OCULIS_TEST_OPENAI_KEY": SECRET, "OCULIS_TEST_ANTHROPIC_KEY": "sk-ant-SECRET-5678"}
+    out = open(log, "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "oculis_cli.main",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(mport),
+            *extra,
+        ],
+        env=env,
+        stdout=out,
+        stderr=out,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/readyz").status_code == 200:
+                return proc, url, mport
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(log.read_text())

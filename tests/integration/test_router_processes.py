@@ -3,7 +3,6 @@ the metrics port, and no secret in logs or metrics."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -16,10 +15,9 @@ import openai
 import pytest
 import yaml
 from fake_upstreams import free_port
-from router_support import Fakes
+from router_support import Fakes, start_router
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
-SECRET = "sk-openai-SECRET-1234"
 
 
 @pytest.fixture
@@ -57,39 +55,6 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(10)
-
-
-def start_router(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], str, int]:
-    port, mport = free_port(), free_port()
-    env = {**os.environ, "OCULIS_TEST_OPENAI_KEY": SECRET, "OCULIS_TEST_ANTHROPIC_KEY": "sk-ant-SECRET-5678"}
-    out = open(log, "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "oculis_cli.main",
-            "serve",
-            "--config",
-            str(config),
-            "--port",
-            str(port),
-            "--metrics-port",
-            str(mport),
-        ],
-        env=env,
-        stdout=out,
-        stderr=out,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/readyz").status_code == 200:
-                return proc, url, mport
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(log.read_text())
 
 
 def test_two_routers_share_the_redis_cache_and_expose_metrics(fakes: Fakes, redis_url: str, tmp_path: Path) -> None:
