@@ -19,6 +19,8 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=port_number, default=8080)
     p.add_argument("--metrics-port", type=port_number, default=9090, help="Prometheus metrics (0: off)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--wait-for-config", action="store_true",
+                   help="if the config file does not exist yet, start anyway: not ready (503) until it appears")
     p.add_argument("--shutdown-grace", type=float, default=120, metavar="SECONDS",
                    help="after SIGTERM, how long in-flight requests and streams may take to finish (default 120)")
     p.set_defaults(run=run)
@@ -32,7 +34,8 @@ def port_number(raw: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        load_config(args.config)  # refuse a bad file before binding anything
+        if not (args.wait_for_config and not args.config.exists()):
+            load_config(args.config)  # refuse a bad file before binding anything
     except ConfigError as exc:
         print(f"oculis serve: {exc}", file=sys.stderr)
         return 2
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = Metrics()
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
-    app = build_app(config_path=args.config, metrics=metrics)
+    app = build_app(config_path=args.config, metrics=metrics, wait_for_config=args.wait_for_config)
     # On SIGTERM (a rolling restart) uvicorn stops accepting, lets in-flight requests and streams
     # finish for up to --shutdown-grace seconds, then exits: no answer is cut short by a restart.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,

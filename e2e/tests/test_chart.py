@@ -35,7 +35,7 @@ def test_chart_lints_and_installs(bin_dir: Path, kubeconfig: Path, api: client.A
         # Rolling restarts drain: the API server accepted the preStop sleep and the grace period.
         assert router.termination_grace_period_seconds == 135
         assert router.containers[0].lifecycle.pre_stop.sleep.seconds == 5
-        assert router.containers[0].args[-2:] == ["--shutdown-grace", "120"]
+        assert router.containers[0].args[-3:] == ["--wait-for-config", "--shutdown-grace", "120"]
         role = client.RbacAuthorizationV1Api(api).read_cluster_role(f"{release}-operator")
         secrets = [r for r in role.rules if "secrets" in r.resources]
         assert [r.verbs for r in secrets] == [["get"]]  # never list or watch Secrets

@@ -152,6 +152,10 @@ class Router:
         rt = self.holder.current  # this request's config snapshot, whatever reloads happen meanwhile
         route_label = "-"
         try:
+            if self.holder.waiting:
+                raise APIError(503, f"no router config loaded yet: waiting for {self.holder.path}; in a cluster it "
+                                    "appears once an InferenceRoute exists in this namespace",
+                               type_="service_unavailable", code="no_config")
             body = await read_body(request, rt.config.server.max_body_bytes)
             check_body(body, endpoint)
             plan = plan_request(rt, body, self.metrics)
@@ -317,9 +321,10 @@ async def _iter(chunks: list[bytes]) -> AsyncIterator[bytes]:
 
 
 def build_app(config_path: Path | None = None, config: RouterConfig | None = None, metrics: Metrics | None = None,
-              reload_interval: float = 1.0, max_retries: int = 2, backoff: float = 0.05) -> Starlette:
+              reload_interval: float = 1.0, max_retries: int = 2, backoff: float = 0.05,
+              wait_for_config: bool = False) -> Starlette:
     metrics = metrics or Metrics()
-    holder = ConfigHolder(config_path, metrics, config)
+    holder = ConfigHolder(config_path, metrics, config, wait_for_file=wait_for_config)
     router = Router(holder, None, metrics)  # type: ignore[arg-type]  # the caller needs the loop: lifespan
 
     async def chat(request: Request) -> Response:
@@ -335,6 +340,8 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
+        if holder.waiting:
+            return JSONResponse({"status": "waiting for config", "config": str(holder.path)}, status_code=503)
         return JSONResponse({"status": "ready", "config": holder.current.digest[:12]})
 
     @contextlib.asynccontextmanager

@@ -39,14 +39,25 @@ class Runtime:
     upstreams: dict[str, Upstream]
 
 
+WAITING = ""  # the digest of the empty runtime served until a config file first appears
+
+
 class ConfigHolder:
-    def __init__(self, path: Path | None, metrics: Metrics, config: RouterConfig | None = None) -> None:
+    def __init__(self, path: Path | None, metrics: Metrics, config: RouterConfig | None = None,
+                 wait_for_file: bool = False) -> None:
+        """`wait_for_file`: a missing file is not an error; serve "not ready" until it appears
+        (in a cluster the ConfigMap is rendered once the first InferenceRoute exists)."""
         self.path = path
         self.metrics = metrics
         self._scorers: dict[str, RouteScorer] = {}
         self._stores: dict[str, Store] = {}
         if config is None:
             assert path is not None
+            if wait_for_file and not path.exists():
+                self.current = Runtime(RouterConfig.model_construct(upstreams=[], routes=[]), WAITING, {}, {})
+                self._stamp = None
+                log.warning("no config at %s yet; not ready until it appears", path)
+                return
             text = path.read_text()
             config = parse_config(text, str(path))
             digest = hashlib.sha256(text.encode()).hexdigest()
@@ -54,6 +65,10 @@ class ConfigHolder:
             digest = hashlib.sha256(config.model_dump_json().encode()).hexdigest()
         self.current = self._build(config, digest)
         self._stamp = self._stat()
+
+    @property
+    def waiting(self) -> bool:
+        return self.current.digest == WAITING
 
     def _stat(self) -> tuple[int, int] | None:
         try:

@@ -99,8 +99,10 @@ class RouterHandle:
         self.path.write_text(yaml.safe_dump(cfg))
 
 
-def start_router(config: Path, log: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str, int]:
-    """`oculis serve` as a process on free ports; returns it, its base URL and its metrics port."""
+def start_router(config: Path, log: Path, *extra: str,
+                 probe: str = "/readyz") -> tuple[subprocess.Popen[bytes], str, int]:
+    """`oculis serve` as a process on free ports, once `probe` answers 200; returns it, its base URL
+    and its metrics port."""
     port, mport = free_port(), free_port()
     env = {**os.environ, "OCULIS_TEST_OPENAI_KEY": SECRET, "OCULIS_TEST_ANTHROPIC_KEY": "sk-ant-SECRET-5678"}
     out = open(log, "wb")  # noqa: SIM115
@@ -126,7 +128,7 @@ def start_router(config: Path, log: Path, *extra: str) -> tuple[subprocess.Popen
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url + "/readyz").status_code == 200:
+            if httpx.get(url + probe).status_code == 200:
                 return proc, url, mport
         except httpx.HTTPError:
             time.sleep(0.1)

@@ -1,4 +1,5 @@
-"""A rolling restart never cuts an answer short: on SIGTERM `oculis serve` stops taking new
+"""`oculis serve` through its life: it may start before its config exists (not ready until the
+file appears), and a rolling restart never cuts an answer short: on SIGTERM it stops taking new
 connections, lets in-flight streams finish, then exits cleanly."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -72,3 +74,32 @@ def test_taken_port_and_bad_grace_are_one_line_errors(tmp_path: Path) -> None:
         proc = subprocess.run([sys.executable, "-m", "oculis_cli.main", "serve", "--config", str(path), *args],
                               capture_output=True, text=True, timeout=30)
         assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_started_before_its_config_it_waits_then_serves(fakes: Fakes, tmp_path: Path) -> None:
+    path = tmp_path / "config" / "oculis-config.yaml"  # not there yet: the ConfigMap has no route yet
+    proc, url, _ = start_router(path, tmp_path / "router.log", "--wait-for-config", probe="/healthz")
+    try:
+        ready = httpx.get(url + "/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "waiting for config"
+        r = httpx.post(url + "/v1/chat/completions",
+                       json={"model": "adaptive", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_config"
+        path.parent.mkdir()
+        path.write_text(yaml.safe_dump(fakes.config()))
+        deadline = time.monotonic() + 15
+        while httpx.get(url + "/readyz").status_code != 200:
+            assert time.monotonic() < deadline, (tmp_path / "router.log").read_text()
+            time.sleep(0.2)
+        r = httpx.post(url + "/v1/chat/completions",
+                       json={"model": "adaptive", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.headers["x-oculis-tier"] == "simple"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_without_wait_for_config_a_missing_file_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "oculis_cli.main", "serve", "--config", str(tmp_path / "none.yaml")],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "cannot read config" in proc.stderr and "Traceback" not in proc.stderr
