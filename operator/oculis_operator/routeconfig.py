@@ -93,6 +93,12 @@ def ready(obj: dict[str, Any]) -> bool:
     )
 
 
+def not_ready_because(obj: dict[str, Any]) -> str:
+    """`name (Reason)`: why an upstream is not Ready, as its own Ready condition says."""
+    cond = next((c for c in (obj.get("status") or {}).get("conditions", []) if c.get("type") == "Ready"), None)
+    return f"{obj['metadata']['name']} ({cond.get('reason') if cond else 'not reconciled yet'})"
+
+
 def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any]]) -> Rendered:
     by_name = {u["metadata"]["name"]: u for u in upstreams}
     verdicts: dict[str, RouteVerdict] = {}
@@ -116,7 +122,8 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
                 tiers,
             )
             continue
-        not_ready = [t.upstream for t in spec.tiers if not ready(by_name[t.upstream])]
+        not_ready = [not_ready_because(by_name[u]) for u in dict.fromkeys(t.upstream for t in spec.tiers)
+                     if not ready(by_name[u])]
         body = spec.model_dump(exclude={"config_map"}, mode="json")
         rendered_routes.append({"name": name, **body})
         used.update(t.upstream for t in spec.tiers)

@@ -19,7 +19,8 @@ def gu(name: str, provider: str = "vllm", ready: bool = True, **spec: Any) -> di
         "spec": body,
         "status": {
             "engineHash": f"h-{name}",
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                            "reason": "AllReplicasReady" if ready else "ChangeRefused"}],
         },
     }
 
@@ -49,6 +50,7 @@ def test_missing_and_unready_upstreams_are_reported() -> None:
     out = routeconfig.render_namespace([ir("a", "small"), ir("b", "small", "ghost")], [gu("small", ready=False)])
     assert out.routes["b"].reason == "UpstreamNotFound" and "ghost" in out.routes["b"].message
     assert out.routes["a"].reason == "UpstreamNotReady" and not out.routes["a"].ready
+    assert out.routes["a"].message == "rendered, but not Ready yet: small (ChangeRefused)"
     assert [r.name for r in parse_config(out.data[routeconfig.CONFIG_KEY]).routes] == ["a"]
 
 
