@@ -258,7 +258,14 @@ class Router:
             err = {"error": {"message": f"upstream {up.name} failed mid-stream: {type(exc).__name__}",
                              "type": "upstream_error", "code": "stream_interrupted"}}
             yield b"data: " + json.dumps(err).encode() + b"\n\n"
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client went away: counted as such, and the upstream connection is closed below (never
+            # pooled half-read), so vLLM aborts the request instead of generating for nobody.
+            outcome = "client_closed"
+            raise
         finally:
+            if outcome != "ok":
+                resp.close()
             resp.release()
             self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
             self.metrics.requests.labels(route_label, tier, up.name, outcome).inc()

@@ -30,6 +30,7 @@ class Script:
     fail_times: int = 0  # answer 503 this many times first
     fail_status: int = 503
     stream_delay: float = 0.0  # seconds between streamed chunks
+    streams_cut: int = 0  # streams whose reader went away before the end
     reply: str = "hello"
     cached_tokens: int = 0
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -60,8 +61,12 @@ def openai_app(name: str, script: Script) -> Starlette:
                         **base,
                         "choices": [{"index": 0, "delta": {"content": piece + " "}, "finish_reason": None}],
                     }
-                    yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-                    await asyncio.sleep(script.stream_delay)
+                    try:
+                        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                        await asyncio.sleep(script.stream_delay)
+                    except (asyncio.CancelledError, GeneratorExit):
+                        script.streams_cut += 1  # what vLLM sees as an aborted request
+                        raise
                 yield (
                     b"data: "
                     + json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).encode()

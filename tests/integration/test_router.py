@@ -63,6 +63,23 @@ def test_streaming_passes_through_before_the_upstream_finishes(router: RouterHan
     assert arrivals[0] < total - 0.9  # the first piece came ~1.5 s before the upstream was done
 
 
+def test_a_client_that_goes_away_mid_stream_stops_the_upstream(router: RouterHandle, fakes: Fakes) -> None:
+    # An abandoned stream must not keep a GPU generating: the router closes its upstream connection.
+    fakes.scripts["small"].stream_delay = 0.2
+    fakes.scripts["small"].reply = " ".join(["word"] * 100)  # ~20 s if read to the end
+    body = {"model": "adaptive", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.stream("POST", router.server.url + "/v1/chat/completions", json=body, timeout=10) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break  # first chunk read; leaving the block closes the connection
+    deadline = time.monotonic() + 5
+    while fakes.scripts["small"].streams_cut == 0:
+        assert time.monotonic() < deadline, "the upstream kept streaming after the client left"
+        time.sleep(0.05)
+    text = generate_latest(router.app.state.metrics.registry).decode()
+    assert 'outcome="client_closed",route="adaptive",tier="simple",upstream="llama-8b"} 1.0' in text
+
+
 def test_low_confidence_escalates_one_tier(router: RouterHandle) -> None:
     raw = chat(router, "\U0001f9ff\U0001fa90" * 30)  # unreadable to the classifier: confidence 0
     assert raw.headers["x-oculis-escalated"] == "true"
