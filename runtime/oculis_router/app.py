@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from oculis_router.metrics import Metrics
 from oculis_router.state import ConfigHolder, RouteRuntime, Runtime, describe
 from oculis_router.upstreams import Caller, UpstreamFailed, UpstreamRejected
 
+WATCH_CLIENT_AFTER_S = 0.25  # non-streamed answers slower than this are cancelled if the client leaves
 log = logging.getLogger("oculis.router")
 
 KNOWN_PARAMS = {
@@ -174,7 +175,8 @@ class Router:
                     return JSONResponse(hit, headers=hdrs)
             if body.get("stream"):
                 return await self._stream(body, plan, endpoint, key, route_label)
-            return await self._complete(body, plan, endpoint, key, route_label)
+            return await self._unless_client_leaves(request, self._complete(body, plan, endpoint, key, route_label),
+                                                    route_label)
         except APIError as err:
             self.metrics.requests.labels(route_label, "-", "-", f"error_{err.status}").inc()
             return err.response()
@@ -200,6 +202,42 @@ class Router:
                            code="upstream_failed") from None
         self.metrics.escalations.labels(route_label, "upstream_error").inc()
         log.warning("escalating past %s after retries: %s", up.name, exc)
+
+    async def _unless_client_leaves(self, request: Request, work: Coroutine[Any, Any, Response],
+                                    route_label: str) -> Response:
+        """Run `work`, but cancel it if the client disconnects first: its upstream call is then closed
+        and the engine stops generating an answer nobody will read (a client timing out and
+        retrying would otherwise pay for the same tokens twice)."""
+        me = asyncio.current_task()
+        assert me is not None
+        loop = asyncio.get_running_loop()
+        left = asyncio.Event()
+        watcher: asyncio.Task[None] | None = None
+
+        async def watch() -> None:
+            await _disconnected(request)
+            left.set()
+            me.cancel()
+
+        def arm() -> None:
+            nonlocal watcher
+            watcher = loop.create_task(watch())
+
+        # Watching costs a task and a receive() per request; quick answers finish before it is armed,
+        # so the common path pays for one timer only. A disconnect that came earlier is seen at once.
+        timer = loop.call_later(WATCH_CLIENT_AFTER_S, arm)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if not left.is_set():
+                raise  # cancelled for another reason (shutdown): not ours to swallow
+            me.uncancel()
+        finally:
+            timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
+        self.metrics.requests.labels(route_label, "-", "-", "client_closed").inc()
+        return Response(status_code=499)  # nobody reads it; nginx's code for "client closed request"
 
     async def _complete(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
                         route_label: str) -> Response:
@@ -272,6 +310,12 @@ class Router:
             account(self.metrics, up, collector.usage)
         if outcome == "ok" and store is not None and key is not None and collector.complete:
             await store.set(key, collector.response())
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body has been read, so only a disconnect can come)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class StreamCollector:

@@ -25,12 +25,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def client_left_within(request: Request, seconds: float) -> bool:
+    """Wait `seconds` as a generating engine would; True if the client disconnected meanwhile
+    (vLLM's OpenAI server watches for the disconnect and aborts the request the same way)."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    try:
+        await asyncio.wait_for(gone(), seconds)
+        return True
+    except TimeoutError:
+        return False
+
+
 @dataclass
 class Script:
     fail_times: int = 0  # answer 503 this many times first
     fail_status: int = 503
     stream_delay: float = 0.0  # seconds between streamed chunks
-    streams_cut: int = 0  # streams whose reader went away before the end
+    reply_delay: float = 0.0  # seconds a non-streamed answer takes
+    streams_cut: int = 0  # answers whose reader went away before the end (as vLLM aborts them)
     reply: str = "hello"
     cached_tokens: int = 0
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -77,6 +93,9 @@ def openai_app(name: str, script: Script) -> Starlette:
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(gen(), media_type="text/event-stream")
+        if script.reply_delay and await client_left_within(request, script.reply_delay):
+            script.streams_cut += 1
+            return Response(status_code=499)
         return JSONResponse(
             {
                 "id": "c1",

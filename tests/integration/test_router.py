@@ -80,6 +80,19 @@ def test_a_client_that_goes_away_mid_stream_stops_the_upstream(router: RouterHan
     assert 'outcome="client_closed",route="adaptive",tier="simple",upstream="llama-8b"} 1.0' in text
 
 
+def test_a_client_that_gives_up_on_a_slow_answer_stops_the_upstream(router: RouterHandle, fakes: Fakes) -> None:
+    fakes.scripts["small"].reply_delay = 20  # a long generation
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(router.server.url + "/v1/chat/completions", timeout=0.5,
+                   json={"model": "adaptive", "messages": [{"role": "user", "content": "hi"}]})
+    deadline = time.monotonic() + 5
+    while fakes.scripts["small"].streams_cut == 0:
+        assert time.monotonic() < deadline, "the upstream kept generating after the client gave up"
+        time.sleep(0.05)
+    text = generate_latest(router.app.state.metrics.registry).decode()
+    assert 'oculis_requests_total{outcome="client_closed",route="adaptive",tier="-",upstream="-"} 1.0' in text
+
+
 def test_low_confidence_escalates_one_tier(router: RouterHandle) -> None:
     raw = chat(router, "\U0001f9ff\U0001fa90" * 30)  # unreadable to the classifier: confidence 0
     assert raw.headers["x-oculis-escalated"] == "true"
