@@ -8,13 +8,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from oculis import gpus
 from oculis.base import format_errors
-from oculis.upstream import Engine, Speculative, Traffic
+from oculis.upstream import Engine, ModelConfig, Speculative, Traffic
 
 NOT_FITTING = 3
 
@@ -23,7 +25,12 @@ def register(sub: Any) -> None:
     cap = sub.add_parser("capacity", help="capacity planning for self-hosted models")
     cap_sub = cap.add_subparsers(dest="capacity_command", required=True, metavar="COMMAND")
     p = cap_sub.add_parser("plan", help="will a model fit its GPUs with these engine settings?")
-    p.add_argument("--model", required=True, help="Hugging Face id from the built-in catalog")
+    p.add_argument("--model", required=True, help="Hugging Face id from the built-in catalog (or any name with "
+                   "--model-config)")
+    p.add_argument("--model-config", type=Path, metavar="FILE",
+                   help="YAML/JSON architecture facts for a model outside the catalog: the GPUUpstream "
+                   "spec.modelConfig fields (paramsBillions, numLayers, hiddenSize, numAttentionHeads, numKvHeads, "
+                   "headDim, vocabSize, maxPositionEmbeddings[, dtypeBytes, mlaLatentDim])")
     p.add_argument("--gpu", required=True, help=f"one of {', '.join(gpus.GPU_PRODUCTS)}")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N")
     p.add_argument("--max-model-len", type=int)
@@ -57,12 +64,22 @@ def run_plan(args: argparse.Namespace) -> int:
                         speculative=Speculative(draft_model=args.draft_model) if args.draft_model else None)
     except ValidationError as exc:
         return bad(format_errors(exc).replace("_", "-").replace("\n", "; "))
+    inline = None
+    if args.model_config is not None:
+        try:
+            inline = ModelConfig.model_validate(yaml.safe_load(args.model_config.read_text()))
+        except OSError as exc:
+            return bad(f"--model-config {args.model_config}: cannot read it: {exc.strerror}")
+        except yaml.YAMLError as exc:
+            return bad(f"--model-config {args.model_config}: not valid YAML/JSON: {' '.join(str(exc).split())}")
+        except ValidationError as exc:
+            return bad(f"--model-config {args.model_config}: " + format_errors(exc, "modelConfig").replace("\n", "; "))
     result: dict[str, Any]
     try:
-        model = catalog.lookup(args.model)
+        model = catalog.lookup(args.model, inline)
         draft = catalog.lookup(args.draft_model) if args.draft_model else None
     except KeyError as exc:
-        return bad(f"--model/--draft-model: {exc.args[0]}")
+        return bad(f"--model/--draft-model: {exc.args[0]} (here: --model-config FILE with the same fields)")
     mismatch = capacity.draft_mismatch(model, draft, args.model, args.draft_model) if draft else None
     plan = capacity.plan(model, product, args.tensor_parallel, engine, Traffic(profile=args.profile), draft, args.model)
     result = {k: v for k, v in plan.as_dict().items() if k != "refuse_at_admission"}

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 
 def plan(*args: str) -> subprocess.CompletedProcess[str]:
@@ -32,3 +33,18 @@ def test_bad_arguments_exit_2_naming_the_flag() -> None:
                        (["--gpu", "H100-80GB", "--max-num-seqs", "x"], "invalid int value")):
         proc = plan("--model", "meta-llama/Llama-3.1-8B-Instruct", *args)
         assert proc.returncode == 2 and text in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_model_outside_the_catalog_plans_from_a_model_config_file(tmp_path: Path) -> None:
+    unknown = plan("--model", "acme/llama-ft", "--gpu", "H100-80GB")
+    assert unknown.returncode == 2 and "--model-config FILE" in unknown.stderr
+    cfg = tmp_path / "model.yaml"  # Llama-3.1-8B's facts under another name: the same plan
+    cfg.write_text("paramsBillions: 8.03\nnumLayers: 32\nhiddenSize: 4096\nnumAttentionHeads: 32\nnumKvHeads: 8\n"
+                   "headDim: 128\nvocabSize: 128256\nmaxPositionEmbeddings: 131072\n")
+    out = json.loads(plan("--model", "acme/llama-ft", "--model-config", str(cfg), "--gpu", "H100-80GB",
+                          "-o", "json").stdout)
+    ref = json.loads(plan("--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "-o", "json").stdout)
+    assert out["kv_bytes_per_token"] == 131072 and out["kv_cache_tokens"] == ref["kv_cache_tokens"]
+    cfg.write_text("numLayers: 0\n")
+    bad = plan("--model", "x", "--model-config", str(cfg), "--gpu", "H100-80GB")
+    assert bad.returncode == 2 and "modelConfig.numLayers" in bad.stderr and "Traceback" not in bad.stderr
