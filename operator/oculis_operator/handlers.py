@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import json
 import logging
 import os
 from typing import Any
@@ -30,6 +29,7 @@ from oculis.inferenceroute import DEFAULT_CONFIG_MAP
 from oculis_operator import reconcile as core
 from oculis_operator import render, rollout, routeconfig
 from oculis_operator.admission import admission_verdict
+from oculis_operator.api_errors import api_error_line, going_away
 from oculis_operator.conditions import Conditions
 from oculis_operator.kube import GROUP, PLURAL, VERSION, Kube, load_client
 
@@ -226,25 +226,6 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger) -> 
     if _status_changed(status, out.status):
         kube.patch_status(ns, name, out.status)
         render_routes_or_recheck(kube, ns, logger)  # readiness and engine hash feed the router config
-
-
-def going_away(err: Exception) -> bool:
-    """The namespace is terminating or gone, or the object was deleted under us."""
-    return isinstance(err, ApiException) and (
-        err.status == 404 or (err.status == 403 and "NamespaceTerminating" in (err.body or "")))
-
-
-def api_error_line(err: Exception) -> str:
-    if isinstance(err, ApiException):
-        try:
-            status = json.loads(err.body or "{}")
-        except ValueError:
-            status = None
-        message = status.get("message", "") if isinstance(status, dict) else ""
-        line = f"{err.status} {err.reason}: {message or err.body or ''}"
-    else:
-        line = f"{type(err).__name__}: {err}"
-    return " ".join(line.split())[:500]  # one log line whatever the body holds
 
 
 def _only_status_moved(type: str | None, body: kopf.Body) -> bool:

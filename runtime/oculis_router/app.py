@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import time
@@ -25,19 +24,16 @@ from starlette.routing import Route as HTTPRoute
 from oculis import RouterConfig, Upstream
 from oculis_router import cache as rcache
 from oculis_router.errors import APIError, bad_request
+from oculis_router.inbound import check_body, disconnected, read_body, tenant_of
 from oculis_router.metrics import Metrics
+from oculis_router.sse import StreamCollector
 from oculis_router.state import ConfigHolder, RouteRuntime, Runtime, describe
 from oculis_router.upstreams import Caller, UpstreamFailed, UpstreamRejected
+from oculis_router.usage import Usage, cost_dollars
 
 WATCH_CLIENT_AFTER_S = 0.25  # non-streamed answers slower than this are cancelled if the client leaves
 log = logging.getLogger("oculis.router")
 
-KNOWN_PARAMS = {
-    "model", "messages", "prompt", "temperature", "top_p", "n", "stream", "stream_options", "stop", "max_tokens",
-    "max_completion_tokens", "presence_penalty", "frequency_penalty", "logit_bias", "user", "seed", "tools",
-    "tool_choice", "response_format", "logprobs", "top_logprobs", "parallel_tool_calls", "metadata", "store",
-    "service_tier", "reasoning_effort", "suffix", "echo", "best_of", "modalities", "prediction",
-}
 
 
 @dataclass
@@ -49,54 +45,6 @@ class Plan:
     tier_names: list[str]
     complexity: float | None
     escalated: bool
-
-
-def tenant_of(request: Request) -> str:
-    explicit = request.headers.get("x-oculis-tenant")
-    if explicit:
-        return explicit
-    auth = request.headers.get("authorization", "")
-    # The key itself is never kept or logged: only a digest identifies its tenant.
-    return "key-" + hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else "anonymous"
-
-
-async def read_body(request: Request, limit: int) -> dict[str, Any]:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes "
-                       "(server.max_body_bytes)", code="request_too_large")
-    raw = await request.body()
-    if len(raw) > limit:
-        raise APIError(413, f"request body exceeds the limit of {limit} bytes (server.max_body_bytes)",
-                       code="request_too_large")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    return body
-
-
-def check_body(body: dict[str, Any], endpoint: str) -> None:
-    unknown = sorted(set(body) - KNOWN_PARAMS)
-    if unknown:
-        raise bad_request(f"unsupported parameter: {unknown[0]}", param=unknown[0], code="unsupported_parameter")
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise bad_request("you must provide a model: a route or upstream name (see GET /v1/models)", param="model")
-    if endpoint == "chat":
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise bad_request("`messages` is required: a non-empty list of {role, content}", param="messages")
-        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
-            raise bad_request("each message needs a string `role`", param="messages")
-    elif not isinstance(body.get("prompt"), str | list):
-        raise bad_request("`prompt` is required: a string or a list of strings", param="prompt")
-    if body.get("n", 1) != 1:
-        raise bad_request("n > 1 is not supported by the router; send separate requests", param="n",
-                          code="unsupported_parameter")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise bad_request("`stream` must be a boolean", param="stream")
 
 
 def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics) -> Plan:
@@ -122,19 +70,13 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics) -> Plan:
 
 
 def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None) -> None:
-    if not usage:
+    u = Usage.parse(usage)
+    if u is None:
         return
-    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-    written = int(usage.get("cache_creation_input_tokens") or 0)
-    p = up.pricing
-    cost = ((prompt - cached - written) * p.input_per_mtok + completion * p.output_per_mtok
-            + cached * (p.cached_input_per_mtok if p.cached_input_per_mtok is not None else p.input_per_mtok)
-            + written * (p.cache_write_per_mtok if p.cache_write_per_mtok is not None else p.input_per_mtok)) / 1e6
-    metrics.prompt_tokens.labels(up.name).inc(prompt)
-    metrics.completion_tokens.labels(up.name).inc(completion)
-    metrics.cached_tokens.labels(up.name).inc(cached)
-    metrics.cost.labels(up.name).inc(max(cost, 0.0))
+    metrics.prompt_tokens.labels(up.name).inc(u.prompt)
+    metrics.completion_tokens.labels(up.name).inc(u.completion)
+    metrics.cached_tokens.labels(up.name).inc(u.cached)
+    metrics.cost.labels(up.name).inc(cost_dollars(up.pricing, u))
 
 
 class Router:
@@ -215,7 +157,7 @@ class Router:
         watcher: asyncio.Task[None] | None = None
 
         async def watch() -> None:
-            await _disconnected(request)
+            await disconnected(request)
             left.set()
             me.cancel()
 
@@ -310,56 +252,6 @@ class Router:
             account(self.metrics, up, collector.usage)
         if outcome == "ok" and store is not None and key is not None and collector.complete:
             await store.set(key, collector.response())
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client goes away (the body has been read, so only a disconnect can come)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-class StreamCollector:
-    """Rebuilds a chat completion from its SSE chunks (for usage and for caching streams)."""
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self.usage: dict[str, Any] | None = None
-        self.content: list[str] = []
-        self.meta: dict[str, Any] = {}
-        self.finish: str | None = None
-        self.complete = False
-
-    def feed(self, data: bytes) -> None:
-        self._buf += data
-        while b"\n\n" in self._buf:
-            event, self._buf = self._buf.split(b"\n\n", 1)
-            for line in event.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    self.complete = True
-                    continue
-                with contextlib.suppress(ValueError):
-                    self._take(json.loads(payload))
-
-    def _take(self, chunk: dict[str, Any]) -> None:
-        self.meta = {k: chunk.get(k) for k in ("id", "created", "model")}
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                self.content.append(delta["content"])
-            if choice.get("text"):
-                self.content.append(choice["text"])
-            if choice.get("finish_reason"):
-                self.finish = choice["finish_reason"]
-
-    def response(self) -> dict[str, Any]:
-        return {**self.meta, "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(self.content)},
-                             "finish_reason": self.finish or "stop"}], "usage": self.usage}
 
 
 def _cache_state(key: str | None) -> str:

@@ -7,7 +7,7 @@ import json
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError
 
-from oculis_operator.handlers import api_error_line, going_away
+from oculis_operator.api_errors import api_error_line, going_away
 
 
 def refusal(status: int, reason: str, message: str, cause: str = "") -> ApiException:

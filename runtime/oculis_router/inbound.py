@@ -1,0 +1,73 @@
+"""What a client sent: its body, read within limits and checked as the OpenAI API would, who it is
+from (the tenant), and whether it is still there."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from starlette.requests import Request
+
+from oculis_router.errors import APIError, bad_request
+
+KNOWN_PARAMS = {
+    "model", "messages", "prompt", "temperature", "top_p", "n", "stream", "stream_options", "stop", "max_tokens",
+    "max_completion_tokens", "presence_penalty", "frequency_penalty", "logit_bias", "user", "seed", "tools",
+    "tool_choice", "response_format", "logprobs", "top_logprobs", "parallel_tool_calls", "metadata", "store",
+    "service_tier", "reasoning_effort", "suffix", "echo", "best_of", "modalities", "prediction",
+}
+
+
+def tenant_of(request: Request) -> str:
+    explicit = request.headers.get("x-oculis-tenant")
+    if explicit:
+        return explicit
+    auth = request.headers.get("authorization", "")
+    # The key itself is never kept or logged: only a digest identifies its tenant.
+    return "key-" + hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else "anonymous"
+
+
+async def read_body(request: Request, limit: int) -> dict[str, Any]:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes "
+                       "(server.max_body_bytes)", code="request_too_large")
+    raw = await request.body()
+    if len(raw) > limit:
+        raise APIError(413, f"request body exceeds the limit of {limit} bytes (server.max_body_bytes)",
+                       code="request_too_large")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def check_body(body: dict[str, Any], endpoint: str) -> None:
+    unknown = sorted(set(body) - KNOWN_PARAMS)
+    if unknown:
+        raise bad_request(f"unsupported parameter: {unknown[0]}", param=unknown[0], code="unsupported_parameter")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise bad_request("you must provide a model: a route or upstream name (see GET /v1/models)", param="model")
+    if endpoint == "chat":
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise bad_request("`messages` is required: a non-empty list of {role, content}", param="messages")
+        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
+            raise bad_request("each message needs a string `role`", param="messages")
+    elif not isinstance(body.get("prompt"), str | list):
+        raise bad_request("`prompt` is required: a string or a list of strings", param="prompt")
+    if body.get("n", 1) != 1:
+        raise bad_request("n > 1 is not supported by the router; send separate requests", param="n",
+                          code="unsupported_parameter")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise bad_request("`stream` must be a boolean", param="stream")
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body has been read, so only a disconnect can come)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
