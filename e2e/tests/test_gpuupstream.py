@@ -226,6 +226,32 @@ def test_deletion_cleans_up(world: World) -> None:
     eventually(lambda: not world.pods("gone"), what="pods gone")
 
 
+def test_workload_deleted_by_hand_is_recreated(world: World) -> None:
+    world.create(upstream("kept", replicas=1))
+    eventually(lambda: world.ready("kept"), what="Ready")
+    policy = client.PolicyV1Api(world.core.api_client)
+    old = {"deploy": world.deployment("kept").metadata.uid,
+           "svc": world.core.read_namespaced_service("kept-vllm", world.ns).metadata.uid,
+           "pdb": policy.read_namespaced_pod_disruption_budget("kept-vllm", world.ns).metadata.uid}
+    # Service and PDB first, alone: nothing else changes, so only their own deletion can bring them back.
+    world.core.delete_namespaced_service("kept-vllm", world.ns)
+    policy.delete_namespaced_pod_disruption_budget("kept-vllm", world.ns)
+
+    def uid(read: Any) -> str | None:
+        try:
+            return str(read("kept-vllm", world.ns).metadata.uid)
+        except client.ApiException:
+            return None
+
+    for key, read in (("svc", world.core.read_namespaced_service),
+                      ("pdb", policy.read_namespaced_pod_disruption_budget)):
+        eventually(lambda read=read, key=key: uid(read) not in (None, old[key]), what=f"{key} recreated")
+    world.apps.delete_namespaced_deployment("kept-vllm", world.ns)
+    eventually(lambda: uid(world.apps.read_namespaced_deployment) not in (None, old["deploy"]),
+               what="Deployment recreated")
+    eventually(lambda: world.ready("kept"), what="Ready again")
+
+
 def test_operator_restart_mid_rollout_resumes(world: World, operator: Any) -> None:
     slow = {"oculis.dev/e2e-ready-delay": "3s"}
     world.create(upstream("resume", replicas=3, podAnnotations=slow))

@@ -1,8 +1,9 @@
 """kopf wiring for GPUUpstream: fetch, call the pure `reconcile`, write. Load with
 `kopf run -m oculis_operator.handlers`.
 
-Level-based and quiet: every GPUUpstream event and every event of a Deployment we own leads to one
-reconcile of that upstream, which writes only what differs. No kopf progress annotations: state
+Level-based and quiet: every GPUUpstream event, every event of a Deployment we own and the deletion
+of a Service or PodDisruptionBudget we own lead to one reconcile of that upstream, which writes only
+what differs. No kopf progress annotations: state
 lives in status (GitOps tools replace annotations). Environment:
   OCULIS_RECHECK_SECONDS (default 10): how often upstreams are reconciled again, by name, when their
   last reconcile failed on an API error (kopf does not retry event handlers) or they wait for an
@@ -102,6 +103,16 @@ def upstream_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: k
 def deployment_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     # Also on DELETED: a Deployment removed by hand is recreated while its GPUUpstream exists.
     reconcile_named(memo, body["metadata"]["namespace"], body["metadata"]["labels"][render.UPSTREAM_LABEL], logger)
+
+
+@kopf.on.event("", "v1", "services", labels={render.UPSTREAM_LABEL: kopf.PRESENT})
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={render.UPSTREAM_LABEL: kopf.PRESENT})
+def owned_object_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    # Only a deletion matters (by hand, or by garbage collection after the upstream went): the
+    # reconcile recreates what its upstream still needs, and does nothing if the upstream is gone.
+    if type == "DELETED":
+        reconcile_named(memo, body["metadata"]["namespace"], body["metadata"]["labels"][render.UPSTREAM_LABEL],
+                        logger)
 
 
 @kopf.on.event(GROUP, VERSION, ROUTES)
