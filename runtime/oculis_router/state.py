@@ -20,6 +20,7 @@ from oculis import ConfigError, Route, RouterConfig, Upstream, parse_config
 from oculis_router.cache import MemoryStore, RedisStore, Store
 from oculis_router.decide import RouteScorer
 from oculis_router.metrics import Metrics
+from oculis_router.upstreams import missing_key
 
 log = logging.getLogger("oculis.router")
 
@@ -89,6 +90,9 @@ class ConfigHolder:
                 store = self._stores.get(ckey) or self._new_store(config, route)
                 self._stores[ckey] = store
             routes[route.name] = RouteRuntime(route, scorer, store)
+        for up in config.upstreams:
+            if why := missing_key(up):
+                log.warning("%s; requests to it will fail over to the next tier", why)
         return Runtime(config, digest, routes, {u.name: u for u in config.upstreams})
 
     @staticmethod

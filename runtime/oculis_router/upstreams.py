@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -41,6 +42,15 @@ def provider_of(up: Upstream) -> Any:
     return anthropic if up.provider == "anthropic" else openai_compat
 
 
+def missing_key(up: Upstream) -> str | None:
+    """Why `up` cannot be called: its API key variable is named but unset in the router's environment.
+    Said as the router's fault (not relayed as the provider's 401), so the next tier can answer."""
+    if up.api_key_env and not os.environ.get(up.api_key_env):
+        return (f"{up.name}: its API key variable {up.api_key_env} is not set in the router's environment "
+                "(in a cluster: router.secretEnv in the chart)")
+    return None
+
+
 NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 T = TypeVar("T")
 
@@ -68,6 +78,8 @@ class Caller:
 
     async def complete(self, up: Upstream, endpoint: str, body: dict[str, Any],
                        retries: int | None = None) -> dict[str, Any]:
+        if why := missing_key(up):
+            raise UpstreamFailed(why)
         prov = provider_of(up)
         url, headers, payload = prov.build_request(up, endpoint, body)
 
@@ -93,6 +105,8 @@ class Caller:
     async def open_stream(self, up: Upstream, endpoint: str, body: dict[str, Any],
                           retries: int | None = None) -> tuple[aiohttp.ClientResponse, Any]:
         """An open streaming response (status checked) and a chunk translator (None: pass through)."""
+        if why := missing_key(up):
+            raise UpstreamFailed(why)
         prov = provider_of(up)
         url, headers, payload = prov.build_request(up, endpoint, body)
 

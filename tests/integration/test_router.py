@@ -93,6 +93,16 @@ def test_a_client_that_gives_up_on_a_slow_answer_stops_the_upstream(router: Rout
     assert 'oculis_requests_total{outcome="client_closed",route="adaptive",tier="-",upstream="-"} 1.0' in text
 
 
+def test_an_unset_api_key_variable_is_named_and_never_sent_upstream(
+        router: RouterHandle, fakes: Fakes, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OCULIS_TEST_OPENAI_KEY")
+    r = httpx.post(router.server.url + "/v1/chat/completions",
+                   json={"model": "gpt4o", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 502
+    assert "OCULIS_TEST_OPENAI_KEY is not set in the router's environment" in r.json()["error"]["message"]
+    assert fakes.scripts["frontier"].received == []  # no keyless call reached the provider
+
+
 def test_low_confidence_escalates_one_tier(router: RouterHandle) -> None:
     raw = chat(router, "\U0001f9ff\U0001fa90" * 30)  # unreadable to the classifier: confidence 0
     assert raw.headers["x-oculis-escalated"] == "true"
