@@ -206,6 +206,10 @@ def test_external_upstream_with_missing_secret_is_not_ready(world: World) -> Non
     assert "no key 'key'" in world.cond("gpt4o", "Ready")["message"]
     world.core.patch_namespaced_secret("openai", world.ns, {"stringData": {"key": "sk-test"}})
     eventually(lambda: world.cond("gpt4o", "Ready").get("status") == "True", what="Ready once the key exists")
+    # And the other way: a Secret deleted after the fact is noticed (every 6th recheck round: ~6 s here).
+    world.core.delete_namespaced_secret("openai", world.ns)
+    eventually(lambda: world.cond("gpt4o", "Ready").get("reason") == "SecretNotFound", timeout=30,
+               what="not Ready once the Secret is gone")
     with pytest.raises(client.ApiException):
         world.deployment("gpt4o")
 

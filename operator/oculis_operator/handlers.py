@@ -7,8 +7,9 @@ what differs. No kopf progress annotations: state
 lives in status (GitOps tools replace annotations). Environment:
   OCULIS_RECHECK_SECONDS (default 10): how often upstreams are reconciled again, by name, when their
   last reconcile failed on an API error (kopf does not retry event handlers) or they wait for an
-  API-key Secret. Polling those few by name needs only `get` on Secrets; watching Secrets would
-  need cluster-wide list/watch on every Secret, which least privilege rules out.
+  API-key Secret; every 6th round also every external upstream, so a Secret deleted or emptied
+  after the fact turns it not Ready. Polling those few by name needs only `get` on Secrets;
+  watching Secrets would need cluster-wide list/watch on every Secret, which least privilege rules out.
   OCULIS_WEBHOOK_PORT (+ _ADDR, _HOST, _CERT, _KEY, _CA): serve the validating webhook, which
   refuses at apply time a change whose single sequence or weights cannot fit.
 """
@@ -38,6 +39,7 @@ ROUTES = "inferenceroutes"
 WEBHOOK_PORT = os.environ.get("OCULIS_WEBHOOK_PORT")
 RECHECK_SECONDS = float(os.environ.get("OCULIS_RECHECK_SECONDS", "10"))
 WAITING_REASONS = {"SecretNotFound", "SecretKeyMissing"}
+EXTERNAL_EVERY = 6  # recheck rounds between looks at every external upstream's Secret
 log = logging.getLogger("oculis.operator")
 
 
@@ -64,9 +66,12 @@ async def recheck(memo: kopf.Memo) -> None:
     """Reconcile again, by name, the upstreams whose last reconcile failed or waits for a Secret, and
     the namespaces whose router config could not be written."""
     kube: Kube = memo.kube
+    rounds = 0
     while True:
         await asyncio.sleep(RECHECK_SECONDS)
-        for namespace, name in sorted(kube.recheck):
+        rounds += 1
+        due = kube.recheck | (kube.external if rounds % EXTERNAL_EVERY == 0 else set())
+        for namespace, name in sorted(due):
             with contextlib.suppress(Exception):  # one failing upstream must not stop the others
                 named = Prefixed(log, {"obj": f"{namespace}/{name}"})
                 await asyncio.to_thread(reconcile_named, memo, namespace, name, named)
@@ -180,6 +185,7 @@ def reconcile_named(memo: kopf.Memo, namespace: str, name: str, logger: kopf.Log
             upstream = kube.upstream(namespace, name)
             if upstream is None or upstream["metadata"].get("deletionTimestamp"):
                 kube.recheck.discard((namespace, name))
+                kube.external.discard((namespace, name))
                 kube.last_failure.pop((namespace, name), None)
                 return
             reconcile_one(kube, upstream, logger)
@@ -227,6 +233,10 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger) -> 
         kube.recheck.add((ns, name))
     else:
         kube.recheck.discard((ns, name))
+    if external and ref.get("name"):
+        kube.external.add((ns, name))
+    else:
+        kube.external.discard((ns, name))
     for body in out.create:
         kube.create(body)
     if out.deployment_patch is not None:

@@ -36,6 +36,7 @@ class Kube:
         # Upstreams to reconcile again by name: the last reconcile failed or waits for a Secret.
         self.recheck: set[tuple[str, str]] = set()
         self.recheck_routes: set[str] = set()  # namespaces whose router config failed to render
+        self.external: set[tuple[str, str]] = set()  # external upstreams with a Secret reference
         self.last_failure: dict[tuple[str, str], str] = {}  # the failure last reported per upstream
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
