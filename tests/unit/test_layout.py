@@ -25,3 +25,17 @@ def test_router_and_schema_import_no_kopf_or_kubernetes() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_import_package_is_declared_for_the_wheel() -> None:
+    # An undeclared subpackage works from the editable checkout but is missing from the installed
+    # wheel, i.e. from the images (how oculis_router.providers once went missing).
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set()
+    for top, folder in cfg["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([top, *rel.parts]))
+    assert found == set(cfg["packages"])

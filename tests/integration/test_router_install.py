@@ -1,0 +1,65 @@
+"""The router as its image installs it (Dockerfile.runtime): `pip install .[router]` from the same
+folders into a clean venv, run from outside the checkout. Catches what an editable checkout hides:
+package data or subpackages missing from the wheel, and kopf or the Kubernetes client creeping in."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from fake_upstreams import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+# Exactly what Dockerfile.runtime copies into its build stage.
+COPIED = ["pyproject.toml", "README.md", "crds/oculis", "runtime", "cli", "operator/oculis_operator"]
+
+
+def test_installed_router_scores_and_serves_without_kopf(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    for rel in COPIED:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / rel).is_dir():
+            shutil.copytree(ROOT / rel, src / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / rel, src / rel)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"{src}[router]"],
+                         capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    shutil.rmtree(src)  # nothing may come from the source tree any more
+    oculis = str(venv / "bin" / "oculis")
+    config = ROOT / "examples" / "oculis-config.yaml"
+
+    score = subprocess.run([oculis, "route", "score", "--config", str(config), "--route", "adaptive"],
+                           input='{"prompt": "hi"}\n', capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert score.returncode == 0 and '"tier": "simple"' in score.stdout, score.stderr
+
+    no_kopf = subprocess.run([str(venv / "bin" / "python"), "-c", "import kopf"], capture_output=True, cwd=tmp_path)
+    no_k8s = subprocess.run([str(venv / "bin" / "python"), "-c", "import kubernetes"], capture_output=True,
+                            cwd=tmp_path)
+    assert no_kopf.returncode != 0 and no_k8s.returncode != 0
+
+    port = free_port()
+    proc = subprocess.Popen([oculis, "serve", "--config", str(config), "--port", str(port), "--metrics-port", "0"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the installed router never became ready"
+            time.sleep(0.2)
+        ids = [m["id"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]]
+        assert "adaptive" in ids
+    finally:
+        proc.terminate()
+        proc.wait(30)
