@@ -1,6 +1,7 @@
-"""The router as its image installs it (Dockerfile.runtime): `pip install .[router]` from the same
-folders into a clean venv, run from outside the checkout. Catches what an editable checkout hides:
-package data or subpackages missing from the wheel, and kopf or the Kubernetes client creeping in."""
+"""The router and the operator as their images install them (Dockerfile.runtime, Dockerfile.operator):
+`pip install .[router]` / `.[operator]` from the same folders into a clean venv, run from outside the
+checkout. Catches what an editable checkout hides: package data or subpackages missing from the
+wheel, a dependency missing from an extra, and kopf or the Kubernetes client creeping into the router."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ import httpx
 from fake_upstreams import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-# Exactly what Dockerfile.runtime copies into its build stage.
-COPIED = ["pyproject.toml", "README.md", "crds/oculis", "runtime", "cli", "operator/oculis_operator"]
+# Exactly what Dockerfile.runtime and Dockerfile.operator copy into their build stages.
+ROUTER_IMAGE = ["pyproject.toml", "README.md", "crds/oculis", "runtime", "cli", "operator/oculis_operator"]
+OPERATOR_IMAGE = ["pyproject.toml", "README.md", "crds/oculis", "operator", "runtime", "cli"]
 
 
-def test_installed_router_scores_and_serves_without_kopf(tmp_path: Path) -> None:
+def install(tmp_path: Path, extra: str, copied: list[str]) -> Path:
+    """`pip install .[extra]` of the folders an image copies, into a clean venv; the sources are then
+    removed, so nothing can come from the checkout."""
     src = tmp_path / "src"
-    for rel in COPIED:
+    for rel in copied:
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         if (ROOT / rel).is_dir():
             shutil.copytree(ROOT / rel, src / rel, ignore=shutil.ignore_patterns("__pycache__"))
@@ -28,10 +32,15 @@ def test_installed_router_scores_and_serves_without_kopf(tmp_path: Path) -> None
             shutil.copy2(ROOT / rel, src / rel)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"{src}[router]"],
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"{src}[{extra}]"],
                          capture_output=True, text=True, timeout=600)
     assert pip.returncode == 0, pip.stdout + pip.stderr
-    shutil.rmtree(src)  # nothing may come from the source tree any more
+    shutil.rmtree(src)
+    return venv
+
+
+def test_installed_router_scores_and_serves_without_kopf(tmp_path: Path) -> None:
+    venv = install(tmp_path, "router", ROUTER_IMAGE)
     oculis = str(venv / "bin" / "oculis")
     config = ROOT / "examples" / "oculis-config.yaml"
 
@@ -63,3 +72,15 @@ def test_installed_router_scores_and_serves_without_kopf(tmp_path: Path) -> None
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_installed_operator_loads_its_handlers_and_plans(tmp_path: Path) -> None:
+    venv = install(tmp_path, "operator", OPERATOR_IMAGE)
+    assert (venv / "bin" / "kopf").exists()  # the image's entrypoint
+    load = subprocess.run([str(venv / "bin" / "python"), "-c", "import oculis_operator.handlers as h; print(h.GROUP)"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert load.returncode == 0 and "oculis.dev" in load.stdout, load.stderr
+    plan = subprocess.run([str(venv / "bin" / "oculis"), "capacity", "plan", "--model",
+                           "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-80GB"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert plan.returncode == 0 and "FITS" in plan.stdout, plan.stderr
