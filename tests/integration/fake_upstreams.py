@@ -47,6 +47,7 @@ class Script:
     stream_delay: float = 0.0  # seconds between streamed chunks
     reply_delay: float = 0.0  # seconds a non-streamed answer takes
     streams_cut: int = 0  # answers whose reader went away before the end (as vLLM aborts them)
+    streams_done: int = 0  # streams sent to their end
     reply: str = "hello"
     cached_tokens: int = 0
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -91,6 +92,7 @@ def openai_app(name: str, script: Script) -> Starlette:
                 if (body.get("stream_options") or {}).get("include_usage"):
                     yield b"data: " + json.dumps({**base, "choices": [], "usage": usage}).encode() + b"\n\n"
                 yield b"data: [DONE]\n\n"
+                script.streams_done += 1
 
             return StreamingResponse(gen(), media_type="text/event-stream")
         if script.reply_delay and await client_left_within(request, script.reply_delay):
