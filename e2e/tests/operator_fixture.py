@@ -34,6 +34,7 @@ class OperatorProcess:
         self.log_path = workdir / "operator.log"
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "OCULIS_WEBHOOK_PORT": str(free_port()),
                     "OCULIS_RECHECK_SECONDS": "1",
+                    "OCULIS_METRICS_PORT": str(free_port()), "OCULIS_METRICS_ADDR": "127.0.0.1",
                     "OCULIS_WEBHOOK_ADDR": "127.0.0.1", "OCULIS_WEBHOOK_HOST": "127.0.0.1",
                     "OCULIS_WEBHOOK_CERT": str(cert), "OCULIS_WEBHOOK_KEY": str(key), "OCULIS_WEBHOOK_CA": str(cert)}
         self.proc: subprocess.Popen[bytes] | None = None

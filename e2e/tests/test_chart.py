@@ -28,6 +28,10 @@ def test_chart_lints_and_installs(bin_dir: Path, kubeconfig: Path, api: client.A
         pod = dep.spec.template.spec
         assert pod.security_context.run_as_non_root is True
         assert pod.containers[0].security_context.read_only_root_filesystem is True
+        op = pod.containers[0]  # kopf's liveness endpoint is probed; metrics are served and annotated
+        assert op.args == ["--liveness=http://0.0.0.0:8080/healthz"] and op.liveness_probe.http_get.port == "health"
+        assert {e.name: e.value for e in op.env}["OCULIS_METRICS_PORT"] == "9091"
+        assert dep.spec.template.metadata.annotations["prometheus.io/port"] == "9091"
         router = client.AppsV1Api(api).read_namespaced_deployment(f"{release}-router", namespace).spec.template.spec
         assert router.automount_service_account_token is False
         assert router.containers[0].security_context.read_only_root_filesystem is True
@@ -39,5 +43,11 @@ def test_chart_lints_and_installs(bin_dir: Path, kubeconfig: Path, api: client.A
         role = client.RbacAuthorizationV1Api(api).read_cluster_role(f"{release}-operator")
         secrets = [r for r in role.rules if "secrets" in r.resources]
         assert [r.verbs for r in secrets] == [["get"]]  # never list or watch Secrets
+        # `helm upgrade` with a new value rolls the router's pod template (a rolling restart).
+        up = helm(bin_dir, kubeconfig, "upgrade", release, str(CHART), "-n", namespace,
+                  "--set", "router.shutdownGraceSeconds=60")
+        assert up.returncode == 0, up.stderr
+        router = client.AppsV1Api(api).read_namespaced_deployment(f"{release}-router", namespace)
+        assert router.metadata.generation == 2 and router.spec.template.spec.termination_grace_period_seconds == 75
     finally:
         helm(bin_dir, kubeconfig, "uninstall", release, "-n", namespace)

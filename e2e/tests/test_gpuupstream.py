@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from e2e_support import eventually
 from kubernetes import client
@@ -148,6 +149,29 @@ def test_preemption_storm_is_refused_and_the_deployment_left_alone(world: World)
     assert after.metadata.generation == before.metadata.generation
     assert after.spec.template == before.spec.template
     assert {p.metadata.name for p in world.pods("storm")} == pods_before
+
+
+def test_operator_metrics_count_reconciles_and_a_refusal_once(world: World, operator: Any) -> None:
+    port = operator.env["OCULIS_METRICS_PORT"]
+
+    def metric(name: str) -> float:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name))
+
+    refusals = 'oculis_operator_refusals_total{reason="KVCacheExhausted"}'
+    before = metric(refusals)
+    world.create(upstream("metered"))
+    eventually(lambda: world.ready("metered"), what="Ready")
+    assert metric('oculis_operator_reconciles_total{result="ok"}') >= 1
+    assert metric("oculis_operator_api_requests_total") >= 1 and metric("process_resident_memory_bytes") > 0
+    assert metric('oculis_operator_upstreams{ready="true"}') >= 1
+    world.patch("metered", {"engine": {"maxNumSeqs": 5000, "maxNumBatchedTokens": 8192},
+                            "traffic": {"avgPromptTokens": 4000, "avgOutputTokens": 1000}})
+    eventually(lambda: world.cond("metered", "CapacityOK").get("status") == "False", what="refused")
+    world.patch("metered", {"pricing": {"inputPerMtok": 0.1}})  # another reconcile of the same refused change
+    eventually(lambda: world.get("metered")["status"].get("observedGeneration") == world.get("metered")[
+        "metadata"]["generation"], what="observed")
+    assert metric(refusals) - before == 2  # one per refused generation, not one per reconcile
 
 
 def test_webhook_refuses_a_sequence_that_cannot_fit(world: World) -> None:

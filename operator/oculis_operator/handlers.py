@@ -10,6 +10,7 @@ lives in status (GitOps tools replace annotations). Environment:
   API-key Secret; every 6th round also every external upstream, so a Secret deleted or emptied
   after the fact turns it not Ready. Polling those few by name needs only `get` on Secrets;
   watching Secrets would need cluster-wide list/watch on every Secret, which least privilege rules out.
+  OCULIS_METRICS_PORT (+ _ADDR): serve the operator's Prometheus metrics (`oculis_operator_*`).
   OCULIS_WEBHOOK_PORT (+ _ADDR, _HOST, _CERT, _KEY, _CA): serve the validating webhook, which
   refuses at apply time a change whose single sequence or weights cannot fit.
 """
@@ -34,6 +35,7 @@ from oculis_operator.admission import admission_verdict
 from oculis_operator.api_errors import api_error_line, going_away
 from oculis_operator.conditions import Conditions
 from oculis_operator.kube import GROUP, PLURAL, VERSION, Kube, load_client
+from oculis_operator.metrics import OperatorMetrics
 
 ROUTES = "inferenceroutes"
 WEBHOOK_PORT = os.environ.get("OCULIS_WEBHOOK_PORT")
@@ -47,7 +49,11 @@ log = logging.getLogger("oculis.operator")
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own events say what was done
     settings.watching.server_timeout = 300
-    memo.kube = Kube(load_client())  # shared: kopf gives each object a shallow copy of this memo
+    memo.metrics = OperatorMetrics()
+    # Shared: kopf gives each object a shallow copy of this memo.
+    memo.kube = Kube(load_client(), on_request=memo.metrics.api_requests.inc)
+    if os.environ.get("OCULIS_METRICS_PORT"):
+        memo.metrics.serve(int(os.environ["OCULIS_METRICS_PORT"]), os.environ.get("OCULIS_METRICS_ADDR", "0.0.0.0"))
     if WEBHOOK_PORT:
         settings.admission.server = kopf.WebhookServer(
             addr=os.environ.get("OCULIS_WEBHOOK_ADDR", "0.0.0.0"), port=int(WEBHOOK_PORT),
@@ -179,6 +185,7 @@ def reconcile_named(memo: kopf.Memo, namespace: str, name: str, logger: kopf.Log
     """Reconcile one upstream at a time: its own events and its Deployment's arrive concurrently, and
     each must start from the status the previous one wrote, so it is read inside the lock."""
     kube: Kube = memo.kube
+    metrics: OperatorMetrics = memo.metrics
     with kube.lock_for(namespace, name):
         upstream = None
         try:
@@ -187,9 +194,12 @@ def reconcile_named(memo: kopf.Memo, namespace: str, name: str, logger: kopf.Log
                 kube.recheck.discard((namespace, name))
                 kube.external.discard((namespace, name))
                 kube.last_failure.pop((namespace, name), None)
+                metrics.observe_upstream((namespace, name), None)
                 return
-            reconcile_one(kube, upstream, logger)
+            reconcile_one(kube, upstream, logger, metrics)
+            metrics.reconciles.labels("ok").inc()
         except (ApiException, HTTPError) as err:
+            metrics.reconciles.labels("failed").inc()
             # One line, no traceback: the cause is the API's answer; the recheck loop tries again
             # (and drops the upstream once it is gone).
             kube.recheck.add((namespace, name))
@@ -202,10 +212,12 @@ def reconcile_named(memo: kopf.Memo, namespace: str, name: str, logger: kopf.Log
                 if upstream is not None:  # shown by `kubectl describe gu`
                     kopf.warn(kopf.Body(upstream), reason="ReconcileFailed", message=line)  # type: ignore[arg-type]
             return
+        finally:
+            metrics.retrying.set(len(kube.recheck))
         kube.last_failure.pop((namespace, name), None)
 
 
-def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger) -> None:
+def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, metrics: OperatorMetrics) -> None:
     kube.reconciles += 1
     meta = upstream["metadata"]
     ns, name = meta["namespace"], meta["name"]
@@ -228,7 +240,12 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger) -> 
         return rollout.spare_gpus(nodes, pods, product)
 
     out = core.reconcile(obs, spare, _now())
-    ready: dict[str, Any] = next((c for c in out.status.get("conditions", []) if c["type"] == "Ready"), {})
+    ready = _condition(out.status, "Ready")
+    metrics.observe_upstream((ns, name), ready.get("status") == "True")
+    refused, before = _condition(out.status, "CapacityOK"), _condition(status, "CapacityOK")
+    new_change = status.get("observedGeneration") != out.status.get("observedGeneration")
+    if refused.get("status") == "False" and (before.get("status") != "False" or new_change):
+        metrics.refusals.labels(refused.get("reason", "")).inc()  # once per refused change, not per reconcile
     if external and ready.get("reason") in WAITING_REASONS:
         kube.recheck.add((ns, name))
     else:
@@ -247,6 +264,11 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger) -> 
     if _status_changed(status, out.status):
         kube.patch_status(ns, name, out.status)
         render_routes_or_recheck(kube, ns, logger)  # readiness and engine hash feed the router config
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    found: dict[str, Any] = next((c for c in status.get("conditions", []) if c.get("type") == type_), {})
+    return found
 
 
 def _only_status_moved(type: str | None, body: kopf.Body) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
@@ -25,8 +26,9 @@ def load_client() -> client.ApiClient:
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, on_request: Callable[[], None] | None = None) -> None:
         self.api = api
+        self.on_request = on_request  # e.g. a metrics counter's inc
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
         self.policy = client.PolicyV1Api(api)
@@ -48,6 +50,8 @@ class Kube:
     def _raw(self, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         """Call a client method returning the JSON body as a dict; None on 404."""
         self.requests += 1
+        if self.on_request is not None:
+            self.on_request()
         try:
             resp = call(*args, _preload_content=False, **kwargs)
         except ApiException as exc:
@@ -103,6 +107,8 @@ class Kube:
     def create(self, body: Any) -> None:  # the client takes plain dicts as bodies
         ns, kind = body["metadata"]["namespace"], body["kind"]
         self.requests += 1
+        if self.on_request is not None:
+            self.on_request()
         try:
             if kind == "Deployment":
                 self.apps.create_namespaced_deployment(ns, body)
