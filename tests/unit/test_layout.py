@@ -39,3 +39,22 @@ def test_every_import_package_is_declared_for_the_wheel() -> None:
             rel = init.parent.relative_to(ROOT / folder)
             found.add(".".join([top, *rel.parts]))
     assert found == set(cfg["packages"])
+
+
+def imported_by(modules: str) -> set[str]:
+    code = f"import sys, {modules}\nprint(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return set(proc.stdout.split())
+
+
+def test_functional_core_imports_no_io_layer() -> None:
+    # Spec to manifests, capacity math, rollout and route rendering are pure: no kopf, no Kubernetes client.
+    core = ("oculis_operator.capacity, oculis_operator.catalog, oculis_operator.engine_args, oculis_operator.render, "
+            "oculis_operator.rollout, oculis_operator.reconcile, oculis_operator.conditions, "
+            "oculis_operator.admission, oculis_operator.routeconfig")
+    assert not imported_by(core) & {"kopf", "kubernetes", "oculis_router"}
+    # The schema imports neither side.
+    assert not imported_by("oculis, oculis.crdgen") & {"kopf", "kubernetes", "oculis_operator", "oculis_router"}
+    # The router's decisions never reach into the operator.
+    assert "oculis_operator" not in imported_by("oculis_router.app, oculis_router.decide, oculis_router.cache")
