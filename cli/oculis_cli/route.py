@@ -1,8 +1,11 @@
-"""`oculis route score`: score JSON lines from stdin with exactly the router's classifier path.
+"""`oculis route score` and `oculis route analyze`: JSON lines from stdin through exactly the
+router's classifier path.
 
-Each input line is `{"prompt": str}` or `{"messages": [...]}`; each output line, in order, is
-`{"complexity": float, "confidence": float, "tier": str}`, or `{"error": ...}` for a bad line
-(then the exit code is 1). A bad config or route exits 2 before reading input.
+Each input line is `{"prompt": str}` or `{"messages": [...]}`. `score` writes one line per input, in
+order: `{"complexity": float, "confidence": float, "tier": str}`, or `{"error": ...}` for a bad line
+(then the exit code is 1). `analyze` summarises a sample of traffic (tier shares, complexity
+quantiles) and, with `--shares`, suggests thresholds for a wanted split; bad lines are reported on
+stderr and give exit 1. A bad config, route or `--shares` exits 2 before reading input.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from oculis import ConfigError, load_config
@@ -22,22 +26,32 @@ def register(sub: Any) -> None:
     score.add_argument("--config", required=True, help="oculis-config.yaml")
     score.add_argument("--route", required=True, help="route name in the config")
     score.set_defaults(run=run_score)
+    analyze = route_sub.add_parser("analyze", help="a traffic sample's tier split, and thresholds for a wanted split")
+    analyze.add_argument("--config", required=True, help="oculis-config.yaml")
+    analyze.add_argument("--route", required=True, help="route name in the config")
+    analyze.add_argument("--shares", help="wanted share per tier, in tier order, e.g. 0.5,0.3,0.2")
+    analyze.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    analyze.set_defaults(run=run_analyze)
 
 
-def run_score(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
+def load_scorer(args: argparse.Namespace, command: str) -> Any:
+    """The route's RouteScorer, or None after printing why (exit 2)."""
     try:
         route = load_config(args.config).route(args.route)
     except ConfigError as exc:
-        print(f"oculis route score: {exc}", file=sys.stderr)
-        return 2
+        print(f"oculis route {command}: {exc}", file=sys.stderr)
+        return None
     from oculis_router.decide import RouteScorer  # the router's own path; loads the model once
 
     try:
-        scorer = RouteScorer(route)
+        return RouteScorer(route)
     except ValueError as exc:
-        print(f"oculis route score: routes[{route.name}].classifier.model: {exc}", file=sys.stderr)
-        return 2
-    failed = False
+        print(f"oculis route {command}: routes[{route.name}].classifier.model: {exc}", file=sys.stderr)
+        return None
+
+
+def scored_lines(scorer: Any, stdin: TextIO) -> Iterator[tuple[int, Any]]:
+    """(line number, (classification, decision) or the error message) per non-empty input line."""
     for lineno, line in enumerate(stdin, 1):
         if not line.strip():
             continue
@@ -45,11 +59,72 @@ def run_score(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: TextI
             payload = json.loads(line)
             if not isinstance(payload, dict):
                 raise ValueError("expected a JSON object")
-            c, decision = scorer.score(payload)
-            out: dict[str, Any] = {"complexity": c.complexity, "confidence": c.confidence, "tier": decision.tier.name}
+            yield lineno, scorer.score(payload)
         except (ValueError, TypeError) as exc:
+            yield lineno, f"line {lineno}: {exc}"
+
+
+def run_score(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
+    scorer = load_scorer(args, "score")
+    if scorer is None:
+        return 2
+    failed = False
+    for _, result in scored_lines(scorer, stdin):
+        if isinstance(result, str):
             failed = True
-            out = {"error": f"line {lineno}: {exc}"}
+            out: dict[str, Any] = {"error": result}
+        else:
+            c, decision = result
+            out = {"complexity": c.complexity, "confidence": c.confidence, "tier": decision.tier.name}
         stdout.write(json.dumps(out) + "\n")
         stdout.flush()
     return 1 if failed else 0
+
+
+def run_analyze(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
+    scorer = load_scorer(args, "analyze")
+    if scorer is None:
+        return 2
+    from oculis_cli import route_analysis  # numpy: only where the router's classifier is installed
+
+    route = scorer.route
+    shares = None
+    if args.shares is not None:
+        try:
+            shares = route_analysis.parse_shares(args.shares, len(route.tiers))
+        except ValueError as exc:
+            print(f"oculis route analyze: --shares: {exc}", file=sys.stderr)
+            return 2
+    scored, errors = [], []
+    for _, result in scored_lines(scorer, stdin):
+        if isinstance(result, str):
+            errors.append(result)
+        else:
+            c, d = result
+            scored.append(route_analysis.Scored(c.complexity, c.confidence, d.tier.name, d.escalated))
+    for err in errors[:20]:
+        print(f"oculis route analyze: skipped {err}", file=sys.stderr)
+    report = route_analysis.analyze(route, scored, shares)
+    if args.output == "json":
+        stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        stdout.write(render_text(route.name, report))
+    return 1 if errors else 0
+
+
+def render_text(name: str, report: dict[str, Any]) -> str:
+    if not report["prompts"]:
+        return f"route {name}: no prompts read\n"
+    lines = [f"route {name}: {report['prompts']} prompts"]
+    for t in report["tiers"]:
+        lines.append(f"  {t['tier']:<12} -> {t['upstream']:<24} {t['share']:7.1%}"
+                     f"  (escalated here on low confidence: {t['escalated_share']:.1%})")
+    q = report["complexity_quantiles"]
+    lines.append("  complexity   " + "  ".join(f"{k} {v:.3f}" for k, v in q.items()))
+    lines.append(f"  confidence below the escalation threshold: {report['low_confidence_share']:.1%}")
+    if "suggested_complexity_below" in report:
+        lines.append("  for the wanted split, set:")
+        suggested = report["suggested_complexity_below"]
+        lines += [f"    {tier}: match.complexity_below: {v}" for tier, v in suggested.items()]
+        lines.append(f"  ({report['note']})")
+    return "\n".join(lines) + "\n"
