@@ -167,6 +167,13 @@ class RouterConfig(Model):
     def upstream(self, name: str) -> Upstream:
         return next(u for u in self.upstreams if u.name == name)
 
+    def to_yaml(self) -> str:
+        """This config as an `oculis-config.yaml` (what `oculis serve --config` reads): only the
+        fields that were set, so defaults stay defaults and an explicit null stays null."""
+        body = self.model_dump(mode="json", exclude_unset=True)
+        body["routes"] = [{"name": r.pop("name"), **r} for r in body.get("routes", [])]  # name first, for readers
+        return yaml.safe_dump({"oculis": body}, sort_keys=False)
+
     def route(self, name: str) -> Route:
         for route in self.routes:
             if route.name == name:

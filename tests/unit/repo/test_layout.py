@@ -1,11 +1,15 @@
 """Package layout rules: no import package named `operator`; the router never loads kopf or the
-Kubernetes client (its image does not ship them)."""
+Kubernetes client (its image does not ship them).
+
+(Repository-wide tests live in this folder, not directly in tests/unit: pytest puts the folder of a
+test module on sys.path, and tests/unit holds folders named like our packages, which would then
+shadow them.)"""
 
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_no_operator_package_shadows_the_stdlib() -> None:
