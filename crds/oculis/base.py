@@ -18,6 +18,7 @@ class Model(BaseModel):
         frozen=True,
         validate_default=True,
         protected_namespaces=(),  # `modelConfig` is a field of ours, not pydantic's
+        use_attribute_docstrings=True,  # a field's docstring is its description (`kubectl explain`)
     )
 
 

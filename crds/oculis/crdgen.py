@@ -62,6 +62,14 @@ def schema_of(model: type[BaseModel]) -> dict[str, Any]:
     return result
 
 
+# Standard top-level fields. `metadata` may carry nothing but its type: the API server refuses more.
+TYPE_META = {
+    "apiVersion": {"type": "string", "description": "Versioned schema of this object: oculis.dev/v1alpha1"},
+    "kind": {"type": "string", "description": "Kind of this object"},
+    "metadata": {"type": "object"},
+}
+
+
 def gpuupstream_crd() -> dict[str, Any]:
     spec = schema_of(upstream.GPUUpstreamSpec)
     spec["x-kubernetes-validations"] = upstream.CEL_RULES
@@ -70,9 +78,7 @@ def gpuupstream_crd() -> dict[str, Any]:
         "type": "object",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            **TYPE_META,
             "spec": spec,
             "status": status,
         },
@@ -107,8 +113,7 @@ def inferenceroute_crd() -> dict[str, Any]:
     spec = schema_of(inferenceroute.InferenceRouteSpec)
     root: dict[str, Any] = {
         "type": "object", "required": ["spec"],
-        "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
-                       "spec": spec, "status": schema_of(inferenceroute.InferenceRouteStatus)},
+        "properties": {**TYPE_META, "spec": spec, "status": schema_of(inferenceroute.InferenceRouteStatus)},
         "x-kubernetes-validations": [{"rule": "size(self.metadata.name) <= 63",
                                       "message": "metadata.name must be at most 63 characters"}],
     }

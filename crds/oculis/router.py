@@ -25,6 +25,8 @@ class ConfigError(ValueError):
 
 
 class Pricing(Model):
+    """Dollars per million tokens, for the router's cost metrics."""
+
     input_per_mtok: float = Field(0.0, ge=0, description="Dollars per million prompt tokens")
     output_per_mtok: float = Field(0.0, ge=0, description="Dollars per million completion tokens")
     cached_input_per_mtok: float | None = Field(None, ge=0, description="Dollars per million cached prompt tokens")
@@ -32,20 +34,32 @@ class Pricing(Model):
 
 
 class PromptCache(Model):
+    """Provider prompt caching."""
+
     enabled: bool = True
+    """Place cache markers / count cached tokens"""
     min_prefix_tokens: int = Field(1024, ge=0, description="OpenAI: prefixes shorter than this are not cached")
     breakpoints: int = Field(4, ge=0, le=4, description="Anthropic: cache_control markers to place (at most 4)")
     ttl: Literal["5m", "1h"] = "5m"
+    """Anthropic: cache lifetime, 5m or 1h"""
 
 
 class Upstream(Model):
+    """A model the router can call."""
+
     name: str = Field(pattern=NAME_PATTERN)
+    """Name routes and requests use"""
     provider: Provider
+    """vllm, openai, anthropic or openai-compatible"""
     base_url: str | None = None
+    """Base URL of the OpenAI-style API (default for openai/anthropic: their public API)"""
     model: str | None = None
+    """Model id sent upstream"""
     api_key_env: str | None = Field(None, description="Environment variable holding the API key (never logged)")
     pricing: Pricing = Field(default_factory=Pricing)
+    """Dollars per million tokens"""
     prompt_cache: PromptCache | None = None
+    """Provider prompt caching"""
     revision: str = Field("1", description="Bump when the model behind this upstream changes; part of cache keys")
     timeout_seconds: float = Field(120.0, gt=0, description="Per-attempt timeout of one upstream call")
     anthropic_version: str = Field("2023-06-01", description="Anthropic: the anthropic-version header")
@@ -63,32 +77,53 @@ class Upstream(Model):
 
 
 class TierMatch(Model):
+    """Rules a prompt must meet to take this tier; all given rules must hold. Empty matches all."""
+
     complexity_below: float | None = Field(None, gt=0, le=1)
+    """Classifier complexity must be below this (0-1]"""
     max_prompt_tokens: int | None = Field(None, ge=1)
+    """Prompt must have at most this many tokens"""
 
 
 class SemanticTier(Model):
+    """One tier of a route: tried in order, the first whose match holds answers."""
+
     name: str = Field(pattern=NAME_PATTERN, max_length=63)
+    """Tier name (shown in X-Oculis-Tier and metrics)"""
     match: TierMatch = Field(default_factory=TierMatch)
+    """Rules for this tier; the last tier must have none"""
     upstream: str = Field(max_length=253)
+    """Upstream (GPUUpstream name) that answers"""
 
 
 class Classifier(Model):
+    """The complexity classifier behind the tiers."""
+
     model: str | None = Field(None, description="Classifier to use; empty selects the packaged default")
     cache_ttl_seconds: int = Field(3600, ge=0, description="How long a prompt's score is memoised")
     max_entries: int = Field(100_000, ge=0, description="Bound on memoised scores")
 
 
 class Escalation(Model):
+    """When a request moves to the next tier."""
+
     enabled: bool = True
+    """Escalate at all"""
     on_low_confidence: bool = True
+    """Move one tier up when the classifier's confidence is low"""
     confidence_threshold: float = Field(0.6, ge=0, le=1)
+    """Confidence below this counts as low"""
     on_upstream_error: bool = True
+    """Try the next tier after an upstream failed its retries"""
     max_retries: int = Field(2, ge=0, le=10)
+    """Retries on one upstream (errors, timeouts, 429, 5xx) before escalating"""
 
 
 class CacheWhen(Model):
+    """Which requests may be cached."""
+
     temperature_below: float | None = Field(0.01, ge=0)
+    """Only requests with temperature below this (null: any)"""
 
 
 CacheKeyPart = Literal["model", "messages", "temperature", "max_tokens", "tools", "prompt"]
@@ -99,21 +134,33 @@ def _default_cache_key() -> list[CacheKeyPart]:
 
 
 class ResponseCache(Model):
+    """Response cache for deterministic requests; keys always include the tenant and the upstream revision."""
+
     enabled: bool = False
+    """Cache responses"""
     ttl_seconds: int = Field(3600, ge=1)
+    """How long an answer is served from cache"""
     key: list[CacheKeyPart] = Field(default_factory=_default_cache_key)
+    """Request parts the key is built from"""
     max_entries: int = Field(100_000, ge=1)
+    """Bound on cached answers (LRU)"""
     only_when: CacheWhen = Field(default_factory=CacheWhen)
+    """Which requests may be cached"""
 
 
 class RouteBody(Model):
     """A route without its name: the InferenceRoute's spec (the name comes from metadata)."""
 
     strategy: Literal["semantic"] = "semantic"
+    """Routing strategy (semantic)"""
     classifier: Classifier = Field(default_factory=Classifier)
+    """The complexity classifier"""
     tiers: list[SemanticTier] = Field(min_length=1, max_length=16)
+    """Tiers, cheapest first; the last catches all"""
     escalation: Escalation = Field(default_factory=Escalation)
+    """When requests move up a tier"""
     cache: ResponseCache = Field(default_factory=ResponseCache)
+    """Response cache"""
 
     @model_validator(mode="after")
     def _tiers_are_usable(self) -> RouteBody:
@@ -128,8 +175,11 @@ class RouteBody(Model):
 
 
 class ServerSettings(Model):
+    """Router process settings."""
+
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
     cache_backend: Literal["memory", "redis"] = "memory"
+    """memory (per process) or redis (shared by replicas)"""
     redis_url: str | None = Field(None, description="redis://host:port/db for cache_backend: redis")
 
     @model_validator(mode="after")
@@ -140,13 +190,21 @@ class ServerSettings(Model):
 
 
 class Route(RouteBody):
+    """A named route: requests whose model is this name are classified and tiered."""
+
     name: str = Field(pattern=NAME_PATTERN)
+    """Route name clients send as `model`"""
 
 
 class RouterConfig(Model):
+    """A whole oculis-config.yaml (under its `oculis:` key)."""
+
     upstreams: list[Upstream] = Field(min_length=1)
+    """Models the router can call"""
     routes: list[Route] = Field(default_factory=list)
+    """Semantic routes over the upstreams"""
     server: ServerSettings = Field(default_factory=ServerSettings)
+    """Router process settings"""
 
     @model_validator(mode="after")
     def _references_resolve(self) -> RouterConfig:

@@ -22,25 +22,41 @@ MAX_NAME = 52
 
 
 class GPU(Model):
+    """The GPUs each replica gets: product and count (the tensor-parallel size)."""
+
     product: GPUProductName = Field(description="GPU model; mapped to the nvidia.com/gpu.product node label")
     count: int = Field(1, ge=1, le=16, description="GPUs per replica = tensor-parallel size")
 
 
 class Toleration(Model):
+    """A pod toleration, as in the core API; the GPU taint nvidia.com/gpu is always tolerated."""
+
     key: str | None = None
+    """Taint key to tolerate"""
     operator: Literal["Exists", "Equal"] | None = None
+    """Exists or Equal"""
     value: str | None = None
+    """Taint value (with Equal)"""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to tolerate; empty matches all"""
 
 
 class ResourceList(Model):
+    """CPU and memory quantities (GPUs come from `gpu`)."""
+
     cpu: str | None = None
+    """CPU quantity, e.g. 8"""
     memory: str | None = None
+    """Memory quantity, e.g. 64Gi"""
 
 
 class Resources(Model):
+    """CPU and memory for the engine container; GPU limits are set from `gpu`."""
+
     requests: ResourceList | None = None
+    """Guaranteed CPU and memory"""
     limits: ResourceList | None = None
+    """CPU and memory ceilings"""
 
 
 class ModelConfig(Model):
@@ -48,87 +64,137 @@ class ModelConfig(Model):
 
     params_billions: float = Field(gt=0, description="Total parameters in billions")
     num_layers: int = Field(ge=1)
+    """Transformer layers (num_hidden_layers)"""
     hidden_size: int = Field(ge=1)
+    """Hidden size (hidden_size)"""
     num_attention_heads: int = Field(ge=1)
+    """Attention heads; gpu.count must divide it"""
     num_kv_heads: int = Field(ge=1, description="Key/value heads (GQA); equal to attention heads for MHA")
     head_dim: int = Field(ge=1)
+    """Dimension of one attention head"""
     vocab_size: int = Field(ge=1)
+    """Vocabulary size; a draft model must match it"""
     max_position_embeddings: int = Field(ge=1)
+    """Longest context the model supports"""
     dtype_bytes: int = Field(2, ge=1, le=4, description="Bytes per weight of the checkpoint (bf16: 2, fp8: 1)")
     mla_latent_dim: int | None = Field(None, ge=1, description="MLA: kv_lora_rank + qk_rope_head_dim (e.g. 576)")
 
 
 class Speculative(Model):
+    """Speculative decoding: a draft model or a method proposes tokens the target verifies."""
+
     enabled: bool = True
+    """Turn speculation on (true) or off without removing the block"""
     draft_model: str | None = Field(None, description="Draft model (HF id) for draft-model speculation")
     method: Literal["ngram", "eagle", "eagle3", "mtp"] | None = Field(None, description="Method without a draft model")
     num_speculative_tokens: int = Field(4, ge=1, le=16)
+    """Tokens proposed per step"""
     acceptance_threshold: float | None = Field(
         None, gt=0, le=1, description="Alert when the measured acceptance rate falls below this"
     )
 
 
 class Engine(Model):
+    """vLLM engine settings; rendered as `vllm serve` flags and checked against the KV cache before any restart."""
+
     max_model_len: int | None = Field(None, ge=16, description="Longest sequence (prompt + output) to serve")
     max_num_seqs: int | None = Field(None, ge=1, description="Sequences scheduled at once")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="Token budget per engine step")
     scheduler_policy: Literal["fcfs", "priority"] = "fcfs"
+    """fcfs (first come, first served) or priority (requests carry a priority)"""
     preemption_mode: Literal["recompute", "swap"] = Field(
         "recompute", description="vLLM V1 always recomputes; `swap` is refused at apply time"
     )
     gpu_memory_utilization: float = Field(0.92, gt=0, le=1, description="Share of each GPU's memory for vLLM")
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    """auto (the model's dtype) or fp8 (halves KV memory per token)"""
     quantization: Literal["awq", "gptq", "fp8", "compressed-tensors"] | None = None
+    """Weight quantization of the checkpoint, if any"""
     prefix_caching: bool = True
+    """Reuse KV blocks of shared prompt prefixes"""
     speculative: Speculative | None = None
+    """Speculative decoding settings"""
     extra_args: list[str] = Field(default_factory=list, description="Further vllm serve flags, appended last")
 
 
 class Traffic(Model):
+    """What the capacity check plans for: a profile, or average token counts."""
+
     profile: Literal["interactive", "rag", "batch"] = "interactive"
+    """interactive (short chat turns), rag (long prompts, short answers) or batch (throughput)"""
     avg_prompt_tokens: int | None = Field(None, ge=1)
+    """Average prompt tokens per request (overrides the profile)"""
     avg_output_tokens: int | None = Field(None, ge=1)
+    """Average output tokens per request (overrides the profile)"""
 
 
 class Rollout(Model):
+    """How engine changes roll: Auto, or Manual with explicit surge and unavailability."""
+
     strategy: Literal["Auto", "Manual"] = Field(
         "Auto", description="Auto: surge when a spare GPU of the product exists, else one at a time"
     )
     max_surge: int | None = Field(None, ge=0)
+    """Manual: extra replicas during a rollout"""
     max_unavailable: int | None = Field(None, ge=0)
+    """Manual: replicas that may be down during a rollout"""
 
 
 class SecretKeyRef(Model):
+    """A key of a Secret in the upstream's namespace (read by name; the value is never logged)."""
+
     name: str = Field(pattern=NAME_PATTERN)
+    """Secret name"""
     key: str = Field("api-key", min_length=1)
+    """Key within the Secret"""
 
 
 class ProviderPromptCache(Model):
+    """Provider prompt caching: what the router does to get cached-input prices."""
+
     min_prefix_tokens: int | None = Field(None, ge=0, description="OpenAI: shortest cached prefix")
     breakpoints: int | None = Field(None, ge=0, le=4, description="Anthropic: cache_control markers")
     ttl: Literal["5m", "1h"] | None = None
+    """Anthropic: cache lifetime, 5m or 1h"""
 
 
 class GPUUpstreamSpec(Model):
+    """A model served by vLLM on a GPU pool (provider vllm), or an external provider."""
+
     provider: Provider
+    """vllm (self-hosted on GPUs), openai, anthropic or openai-compatible"""
     model: str = Field(min_length=1, description="Model id (Hugging Face id for vllm)")
     # self-hosted
     replicas: int | None = Field(None, ge=0, le=1000)
+    """Self-hosted: engine replicas (each with gpu.count GPUs)"""
     gpu: GPU | None = None
+    """Self-hosted: GPU product and count per replica"""
     node_selector: dict[str, str] | None = None
+    """Self-hosted: extra node labels the pods must match"""
     pod_annotations: dict[str, str] | None = Field(None, description="Extra annotations on the engine pods")
     tolerations: list[Toleration] | None = None
+    """Self-hosted: extra tolerations"""
     image: str | None = None
+    """Self-hosted: engine image (default: the pinned vllm/vllm-openai)"""
     resources: Resources | None = None
+    """Self-hosted: CPU and memory"""
     model_config_: ModelConfig | None = Field(None, alias="modelConfig")
+    """Architecture facts for a model outside the built-in catalog"""
     engine: Engine | None = None
+    """Self-hosted: vLLM engine settings"""
     traffic: Traffic | None = None
+    """What the capacity check plans for"""
     rollout: Rollout | None = None
+    """How engine changes roll out"""
     # external
     base_url: str | None = Field(None, alias="baseURL")
+    """External: the provider's base URL (default: the provider's public API)"""
     api_key_secret_ref: SecretKeyRef | None = None
+    """External: the Secret key holding the API key"""
     prompt_cache: ProviderPromptCache | None = None
+    """External: provider prompt caching"""
     pricing: Pricing | None = None
+    """Dollars per million tokens, for the router's cost metrics"""
 
     @property
     def self_hosted(self) -> bool:
@@ -173,32 +239,57 @@ NAME_RULE = {"rule": f"size(self.metadata.name) <= {MAX_NAME}",
 
 
 class Condition(Model):
+    """A status condition, as Kubernetes conventions define it."""
+
     type: str
+    """Ready, CapacityOK, Progressing or Degraded"""
     status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown"""
     reason: str
+    """CamelCase reason"""
     message: str = ""
+    """What happened, with the numbers and the fix"""
     last_transition_time: str | None = None
+    """When status last changed"""
     observed_generation: int | None = None
+    """The spec generation this condition describes"""
 
 
 class Capacity(Model):
+    """The KV-cache plan for the current spec, per GPU."""
+
     gpu_memory_bytes: int
+    """Memory of one GPU"""
     weights_bytes_per_gpu: int
+    """Model weights on each GPU"""
     kv_bytes_per_token: int
+    """KV cache bytes one token takes on each GPU"""
     kv_cache_tokens: int
+    """Tokens the KV cache holds"""
     max_concurrency: int
+    """Sequences of the planned length that fit at once"""
 
 
 class GPUUpstreamStatus(Model):
+    """What the operator did and sees."""
+
     observed_generation: int | None = None
+    """The spec generation last reconciled"""
     conditions: list[Condition] = Field(default_factory=list)
+    """Ready, CapacityOK, Progressing and Degraded"""
     replicas: int | None = None
+    """Replicas of the engine Deployment"""
     ready_replicas: int | None = None
+    """Replicas that are Ready"""
     updated_replicas: int | None = None
+    """Replicas on the current pod template"""
     capacity: Capacity | None = None
+    """The KV-cache plan"""
     engine_hash: str | None = Field(None, description="Hash of the engine settings every ready replica runs")
     desired_engine_hash: str | None = None
+    """Hash of the engine settings the spec asks for"""
     endpoint: str | None = None
+    """In-cluster URL of the OpenAI-compatible API"""
     gpu: str | None = Field(None, description="Printer column: product x count")
     rollout: str | None = Field(None, description="What the rollout is doing or waiting for")
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,3 +49,15 @@ def test_bad_spec_is_refused_by_the_api_server(api: client.ApiClient, crds: None
 def test_good_spec_is_admitted(api: client.ApiClient, crds: None, namespace: str) -> None:
     client.CustomObjectsApi(api).create_namespaced_custom_object(
         "oculis.dev", "v1alpha1", namespace, "gpuupstreams", body(GOOD), dry_run="All")
+
+
+def test_kubectl_explain_describes_the_fields(bin_dir: Path, kubeconfig: Path, crds: None) -> None:
+    def explain(field: str) -> str:
+        proc = subprocess.run([str(bin_dir / "kubectl"), "explain", field], capture_output=True, text=True,
+                              env={**os.environ, "KUBECONFIG": str(kubeconfig)}, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "Sequences scheduled at once" in explain("gpuupstreams.spec.engine.maxNumSeqs")
+    assert "KV cache bytes one token takes" in explain("gu.status.capacity.kvBytesPerToken")
+    assert "the first whose match holds answers" in explain("inferenceroutes.spec.tiers")

@@ -1,3 +1,5 @@
+from typing import Any
+
 from oculis import crdgen
 
 
@@ -18,3 +20,19 @@ def test_crd_is_structural_and_carries_cel_and_columns() -> None:
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "PROVIDER", "MODEL", "GPU", "REPLICAS", "READY", "KV-TOKENS", "MAX-CONC", "AGE"]
     assert crd["spec"]["names"]["shortNames"] == ["gu"] and crd["spec"]["names"]["categories"] == ["oculis"]
+
+
+def test_every_field_is_described_for_kubectl_explain() -> None:
+    undescribed = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        for name, prop in (node.get("properties") or {}).items():
+            if not prop.get("description") and path + name not in ("GPUUpstream.metadata", "InferenceRoute.metadata"):
+                undescribed.append(path + name)
+            walk(prop, f"{path}{name}.")
+            if "items" in prop:
+                walk(prop["items"], f"{path}{name}[].")
+
+    for crd in (crdgen.gpuupstream_crd(), crdgen.inferenceroute_crd()):
+        walk(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"], crd["spec"]["names"]["kind"] + ".")
+    assert undescribed == []  # a new field needs a docstring or Field(description=...)
