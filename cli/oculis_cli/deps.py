@@ -22,11 +22,14 @@ class Extra:
     purpose: str
 
 
+# Import names of each extra's requirements in pyproject.toml (a unit test keeps the two in step).
 EXTRAS = (
     Extra("core", ("pydantic", "yaml", "jinja2"), "schema, config and CLI"),
-    Extra("operator", ("kopf", "kubernetes", "tenacity"), "the Kubernetes operator"),
-    Extra("router", ("httpx", "tenacity", "prometheus_client"), "the request router"),
+    Extra("operator", ("kopf", "kubernetes", "tenacity", "prometheus_client"), "the Kubernetes operator"),
+    Extra("router", ("aiohttp", "tenacity", "prometheus_client", "cachetools", "numpy", "tokenizers", "starlette",
+                     "uvicorn", "redis"), "the request router"),
 )
+IMPORT_NAMES = {"pyyaml": "yaml", "prometheus-client": "prometheus_client"}
 
 
 def check(extra: Extra) -> list[str]:
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _version(module: str) -> str:
-    dist = {"yaml": "PyYAML", "prometheus_client": "prometheus-client"}.get(module, module)
+    dist = {v: k for k, v in IMPORT_NAMES.items()}.get(module, module)
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

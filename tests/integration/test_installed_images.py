@@ -52,6 +52,9 @@ def test_installed_router_scores_and_serves_without_kopf(tmp_path: Path) -> None
     no_k8s = subprocess.run([str(venv / "bin" / "python"), "-c", "import kubernetes"], capture_output=True,
                             cwd=tmp_path)
     assert no_kopf.returncode != 0 and no_k8s.returncode != 0
+    deps = subprocess.run([oculis, "status", "--check-deps", "--require", "router"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert deps.returncode == 0 and "operator  the Kubernetes operator      missing kopf" in deps.stdout, deps.stdout
 
     port = free_port()
     proc = subprocess.Popen([oculis, "serve", "--config", str(config), "--port", str(port), "--metrics-port", "0"],
@@ -84,3 +87,6 @@ def test_installed_operator_loads_its_handlers_and_plans(tmp_path: Path) -> None
                            "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-80GB"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert plan.returncode == 0 and "FITS" in plan.stdout, plan.stderr
+    deps = subprocess.run([str(venv / "bin" / "oculis"), "status", "--require", "operator"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=60)
+    assert deps.returncode == 0, deps.stdout

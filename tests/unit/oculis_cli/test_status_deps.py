@@ -16,3 +16,17 @@ def test_console_script_runs_and_bad_arguments_exit_2() -> None:
     assert ok.returncode == 0 and ok.stdout.startswith("oculis ")
     bad = subprocess.run([sys.executable, "-m", "oculis_cli.main", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_each_extra_checks_exactly_what_pyproject_installs() -> None:
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from oculis_cli.deps import EXTRAS, IMPORT_NAMES
+
+    project = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())["project"]
+    declared = {"core": project["dependencies"], **project["optional-dependencies"]}
+    for extra in EXTRAS:
+        names = {re.split(r"[\[<>=!~ ]", req, maxsplit=1)[0].lower() for req in declared[extra.name]}
+        assert {IMPORT_NAMES.get(n, n) for n in names} == set(extra.modules), extra.name
