@@ -187,7 +187,10 @@ def _report_progress(obs: Observed, existing: dict[str, Any] | None, desired_has
     if done:
         conds.set("Progressing", "False", "RolloutComplete", f"all {prog.replicas} replicas run engine hash "
                   f"{desired_hash}")
-        conds.set("Ready", "True", "AllReplicasReady", prog.summary)
+        if prog.replicas == 0:  # nothing serves: not Ready, so routes say so and the router fails over
+            conds.set("Ready", "False", "ScaledToZero", "replicas is 0: no engine serves this upstream")
+        else:
+            conds.set("Ready", "True", "AllReplicasReady", prog.summary)
         conds.set("Degraded", "False", "AsExpected", "")
     else:
         msg = f"rolling to engine hash {desired_hash}: {prog.summary}; {status.get('rollout', '')}"

@@ -73,6 +73,16 @@ def test_steady_state_writes_nothing() -> None:
     assert out.status["engineHash"] == first["spec"]["template"]["metadata"]["annotations"]["oculis.dev/engine-hash"]
 
 
+def test_scaled_to_zero_is_not_ready() -> None:
+    zero = {**SPEC, "replicas": 0}
+    dep = reconcile(observe(zero), lambda p: 8, "t").create[0]
+    dep["status"] = deployment(0, 0, 0)["status"]
+    dep["metadata"]["generation"] = 1
+    conds = {c["type"]: c for c in reconcile(observe(zero, dep), lambda p: 8, "t").status["conditions"]}
+    assert conds["Ready"]["status"] == "False" and conds["Ready"]["reason"] == "ScaledToZero"
+    assert conds["Progressing"]["status"] == "False" and conds["Degraded"]["status"] == "False"
+
+
 def test_replica_change_patches_only_replicas() -> None:
     dep = reconcile(observe(SPEC), lambda p: 8, "t").create[0]
     out = reconcile(observe({**SPEC, "replicas": 5}, dep), lambda p: (_ for _ in ()).throw(AssertionError), "t")
