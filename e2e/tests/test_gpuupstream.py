@@ -183,6 +183,15 @@ def test_webhook_refuses_a_sequence_that_cannot_fit(world: World) -> None:
         world.create(upstream("tp", model="meta-llama/Llama-3.1-70B-Instruct",
                               gpu={"product": "H100-80GB", "count": 1}))
     assert "ERR_OCULIS_KV_CACHE_EXHAUSTED" in err.value.body and "weights" in err.value.body
+    with pytest.raises(client.ApiException) as err:
+        world.create(upstream("unknown", model="acme/llama-finetune"))
+    assert "ERR_OCULIS_UNKNOWN_MODEL" in err.value.body and "spec.modelConfig" in err.value.body
+    # With its architecture given inline, the same model is admitted and planned.
+    world.create(upstream("known", model="acme/llama-finetune", modelConfig={
+        "paramsBillions": 8.03, "numLayers": 32, "hiddenSize": 4096, "numAttentionHeads": 32, "numKvHeads": 8,
+        "headDim": 128, "vocabSize": 128256, "maxPositionEmbeddings": 131072}))
+    eventually(lambda: world.get("known").get("status", {}).get("capacity", {}).get("kvBytesPerToken") == 131072,
+               what="planned from modelConfig")
 
 
 def test_tokenizer_mismatch_is_refused(world: World) -> None:

@@ -1,6 +1,7 @@
 """What the validating webhook refuses at apply time: a spec whose single `maxModelLen` sequence or
 weights cannot fit, a draft model with another vocabulary, a tensor-parallel size that does not
-divide the heads. (A preemption-storm plan is admitted and reported in status instead.)"""
+divide the heads, a model (or draft model) outside the catalog without `modelConfig`. (A
+preemption-storm plan is admitted and reported in status instead: traffic may differ from the plan.)"""
 
 from __future__ import annotations
 
@@ -22,5 +23,5 @@ def admission_verdict(spec_body: dict[str, Any]) -> str | None:
         return None
     verdict = check(spec)
     if isinstance(verdict, tuple):
-        return verdict[1] if verdict[0] != "UnknownModel" else None  # unknown models are reported in status
+        return verdict[1]
     return verdict.message if verdict.refuse_at_admission else None

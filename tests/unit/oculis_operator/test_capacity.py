@@ -98,3 +98,15 @@ def test_profiles_set_engine_defaults() -> None:
 def test_unknown_model_names_the_fix() -> None:
     with pytest.raises(KeyError, match=r"add spec\.modelConfig"):
         catalog.lookup("acme/secret-model")
+
+
+def test_admission_refuses_a_model_outside_the_catalog_without_model_config() -> None:
+    from oculis_operator.admission import admission_verdict
+
+    spec = {"provider": "vllm", "model": "acme/unknown", "gpu": {"product": "H100-80GB", "count": 1}}
+    refusal = admission_verdict(spec)
+    assert refusal is not None and "ERR_OCULIS_UNKNOWN_MODEL" in refusal and "spec.modelConfig" in refusal
+    inline = {"paramsBillions": 8.03, "numLayers": 32, "hiddenSize": 4096, "numAttentionHeads": 32, "numKvHeads": 8,
+              "headDim": 128, "vocabSize": 128256, "maxPositionEmbeddings": 131072}
+    assert admission_verdict({**spec, "modelConfig": inline}) is None
+    assert admission_verdict({"provider": "openai", "model": "anything"}) is None  # external: no catalog
