@@ -96,10 +96,15 @@ class SemanticTier(Model):
     """Upstream (GPUUpstream name) that answers"""
 
 
+# The classifiers the router image ships (runtime/oculis_router/classifier_data/<name>.npz; a test
+# keeps the two in step), so a wrong name is refused at `kubectl apply` or config load, not at serve.
+ClassifierModel = Literal["oculis-minilm-static-v1"]
+
+
 class Classifier(Model):
     """The complexity classifier behind the tiers."""
 
-    model: str | None = Field(None, description="Classifier to use; empty selects the packaged default")
+    model: ClassifierModel | None = Field(None, description="Classifier to use; empty selects the packaged default")
     cache_ttl_seconds: int = Field(3600, ge=0, description="How long a prompt's score is memoised")
     max_entries: int = Field(100_000, ge=0, description="Bound on memoised scores")
 
