@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import time
 from typing import Any, Protocol
 
 from cachetools import TTLCache
@@ -17,6 +19,7 @@ from cachetools import TTLCache
 from oculis import ResponseCache, Upstream
 
 OPENAI_DEFAULT_TEMPERATURE = 1.0
+log = logging.getLogger("oculis.router")
 
 
 def cacheable(cfg: ResponseCache, body: dict[str, Any]) -> bool:
@@ -60,18 +63,39 @@ class MemoryStore:
 
 
 class RedisStore:
+    """A cache is an optimisation: when Redis is down or slow, requests go on as misses (a warning
+    at most every 10 s), never failing or waiting long because of it."""
+
+    TIMEOUT_S = 0.25
+    WARN_EVERY_S = 10.0
+
     def __init__(self, url: str, ttl_seconds: int) -> None:
         import redis.asyncio as redis
 
-        self._redis = redis.from_url(url)
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError, TimeoutError)
+        self._redis = redis.from_url(url, socket_timeout=self.TIMEOUT_S, socket_connect_timeout=self.TIMEOUT_S)
         self._ttl = ttl_seconds
+        self._warned_at = -self.WARN_EVERY_S
+
+    def _unavailable(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._warned_at >= self.WARN_EVERY_S:
+            self._warned_at = now
+            log.warning("response cache (redis) unavailable, serving without it: %s: %s", type(exc).__name__, exc)
 
     async def get(self, key: str) -> dict[str, Any] | None:
-        raw = await self._redis.get(key)
+        try:
+            raw = await self._redis.get(key)
+        except self._errors as exc:
+            self._unavailable(exc)
+            return None
         return None if raw is None else json.loads(raw)
 
     async def set(self, key: str, value: dict[str, Any]) -> None:
-        await self._redis.set(key, json.dumps(value), ex=self._ttl)
+        try:
+            await self._redis.set(key, json.dumps(value), ex=self._ttl)
+        except self._errors as exc:
+            self._unavailable(exc)
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -276,3 +276,20 @@ def test_metrics_count_requests_tokens_cost_and_keep_secrets_out(router: RouterH
                    "oculis_upstream_latency_seconds_bucket", 'oculis_cache_lookups_total'):
         assert needle in text
     assert "SECRET" not in text and "sk-client" not in text
+
+
+def test_a_redis_cache_that_is_down_only_costs_cache_hits(router: RouterHandle, fakes: Fakes) -> None:
+    # The cache is an optimisation: with Redis unreachable, deterministic requests are answered as misses.
+    from fake_upstreams import free_port
+
+    cfg = fakes.config()
+    cfg["oculis"]["server"] = {"cache_backend": "redis", "redis_url": f"redis://127.0.0.1:{free_port()}/0"}
+    router.write(cfg)
+    deadline = time.monotonic() + 10
+    while router.app.state.holder.current.config.server.cache_backend != "redis":
+        assert time.monotonic() < deadline, "config not reloaded"
+        time.sleep(0.05)
+    for _ in range(2):
+        raw = chat(router, "cache me if you can", temperature=0)
+        assert raw.headers["x-oculis-cache"] == "miss" and raw.parse().choices[0].message.content
+    assert len(fakes.scripts["small"].received) == 2
