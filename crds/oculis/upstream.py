@@ -139,6 +139,16 @@ class Rollout(Model):
     max_unavailable: int | None = Field(None, ge=0)
     """Manual: replicas that may be down during a rollout"""
 
+    @model_validator(mode="after")
+    def _can_progress(self) -> Rollout:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError(ROLLOUT_STUCK)
+        return self
+
+
+ROLLOUT_STUCK = ("maxSurge and maxUnavailable cannot both be 0 (no replica could ever be replaced); "
+                 "set maxUnavailable: 1, or maxSurge: 1 if a spare GPU exists")
+
 
 class SecretKeyRef(Model):
     """A key of a Secret in the upstream's namespace (read by name; the value is never logged)."""
@@ -233,6 +243,9 @@ CEL_RULES: list[dict[str, str]] = [
      "fieldPath": ".engine.maxNumBatchedTokens"},
     {"rule": "!has(self.engine) || !has(self.engine.preemptionMode) || self.engine.preemptionMode != 'swap'",
      "message": SWAP_MESSAGE, "fieldPath": ".engine.preemptionMode"},
+    {"rule": "!has(self.rollout) || !has(self.rollout.maxSurge) || !has(self.rollout.maxUnavailable) "
+             "|| self.rollout.maxSurge > 0 || self.rollout.maxUnavailable > 0",
+     "message": ROLLOUT_STUCK, "fieldPath": ".rollout"},
 ]
 NAME_RULE = {"rule": f"size(self.metadata.name) <= {MAX_NAME}",
              "message": f"metadata.name must be at most {MAX_NAME} characters (derived Deployment names add a suffix)"}

@@ -34,6 +34,8 @@ def body(spec: dict[str, Any], name: str = "x") -> dict[str, Any]:
          "spec.gpu and spec.engine apply only to provider vllm"),
         ({**GOOD, "engine": {"preemptionMode": "swap"}}, "x", "vLLM V1 always preempts by recompute"),
         (GOOD, "n" * 53, "metadata.name must be at most 52 characters"),
+        ({**GOOD, "rollout": {"strategy": "Manual", "maxSurge": 0, "maxUnavailable": 0}}, "x",
+         "maxSurge and maxUnavailable cannot both be 0"),
     ],
 )
 def test_bad_spec_is_refused_by_the_api_server(api: client.ApiClient, crds: None, namespace: str,
