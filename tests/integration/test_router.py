@@ -47,6 +47,14 @@ def test_completions_endpoint(router: RouterHandle) -> None:
     assert raw.parse().choices[0].text == "hello from small"
 
 
+def test_completions_to_an_anthropic_upstream_is_a_400_not_a_500(router: RouterHandle) -> None:
+    for model, stream in (("claude", False), ("via-claude", False), ("claude", True)):
+        r = httpx.post(router.server.url + "/v1/completions", json={"model": model, "prompt": "hi", "stream": stream})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "unsupported_endpoint" and "/v1/chat/completions" in err["message"]
+
+
 def test_streaming_passes_through_before_the_upstream_finishes(router: RouterHandle, fakes: Fakes) -> None:
     fakes.scripts["small"].stream_delay = 0.3
     fakes.scripts["small"].reply = "one two three four"

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from oculis import Upstream
+from oculis_router.errors import bad_request
 
 STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
 
@@ -28,7 +29,8 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
 
 def build_request(up: Upstream, endpoint: str, body: dict[str, Any]) -> tuple[str, dict[str, str], dict[str, Any]]:
     if endpoint != "chat":
-        raise ValueError("the completions endpoint is not offered by Anthropic upstreams; use /v1/chat/completions")
+        raise bad_request(f"upstream {up.name} is an Anthropic model, which has no completions endpoint; "
+                          "send the request to /v1/chat/completions", code="unsupported_endpoint")
     system: list[dict[str, Any]] = []
     messages: list[dict[str, Any]] = []
     for m in body.get("messages", []):
