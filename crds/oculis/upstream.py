@@ -6,7 +6,7 @@ The CRD schema (`crds/gpuupstreams.oculis.dev.yaml`) is generated from these mod
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -41,12 +41,16 @@ class Toleration(Model):
     """Taint effect to tolerate; empty matches all"""
 
 
+# Kubernetes' resource.Quantity syntax, so a bad quantity is refused at apply, not by the Deployment later.
+QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+
+
 class ResourceList(Model):
     """CPU and memory quantities (GPUs come from `gpu`)."""
 
-    cpu: str | None = None
-    """CPU quantity, e.g. 8"""
-    memory: str | None = None
+    cpu: str | None = Field(None, pattern=QUANTITY)
+    """CPU quantity, e.g. 8 or 500m"""
+    memory: str | None = Field(None, pattern=QUANTITY)
     """Memory quantity, e.g. 64Gi"""
 
 
@@ -114,7 +118,8 @@ class Engine(Model):
     """Reuse KV blocks of shared prompt prefixes"""
     speculative: Speculative | None = None
     """Speculative decoding settings"""
-    extra_args: list[str] = Field(default_factory=list, description="Further vllm serve flags, appended last")
+    extra_args: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Further vllm serve flags, appended last")
 
 
 class Traffic(Model):
@@ -184,7 +189,7 @@ class GPUUpstreamSpec(Model):
     pod_annotations: dict[str, str] | None = Field(None, description="Extra annotations on the engine pods")
     tolerations: list[Toleration] | None = None
     """Self-hosted: extra tolerations"""
-    image: str | None = None
+    image: str | None = Field(None, min_length=1)
     """Self-hosted: engine image (default: the pinned vllm/vllm-openai)"""
     resources: Resources | None = None
     """Self-hosted: CPU and memory"""
