@@ -20,12 +20,13 @@ KNOWN_PARAMS = {
 
 
 def tenant_of(request: Request) -> str:
-    explicit = request.headers.get("x-oculis-tenant")
-    if explicit:
-        return explicit
+    """The cache partition of a request: its API key (as a digest: the key itself is never kept or
+    logged), subdivided by `X-Oculis-Tenant` when a gateway in front sets it. The header alone never
+    decides: any client can send any header, so naming another tenant must not reach its answers."""
     auth = request.headers.get("authorization", "")
-    # The key itself is never kept or logged: only a digest identifies its tenant.
-    return "key-" + hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else "anonymous"
+    key = "key-" + hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else "anonymous"
+    explicit = request.headers.get("x-oculis-tenant")
+    return f"{key}/{explicit}" if explicit else key
 
 
 async def read_body(request: Request, limit: int) -> dict[str, Any]:

@@ -163,6 +163,13 @@ def test_response_cache_hit_miss_bypass_and_tenants(router: RouterHandle, fakes:
     raw = other_key.chat.completions.with_raw_response.create(
         model="adaptive", temperature=0, messages=[{"role": "user", "content": "cache me"}])
     assert raw.headers["x-oculis-cache"] == "miss"  # the API key's tenant differs too
+    # Claiming a tenant by header does not reach its answers from another key.
+    spoof = other_key.chat.completions.with_raw_response.create(
+        model="adaptive", temperature=0, messages=[{"role": "user", "content": "cache me"}],
+        extra_headers={"X-Oculis-Tenant": "acme"})
+    assert spoof.headers["x-oculis-cache"] == "miss"
+    again = chat(router, "cache me", temperature=0, extra_headers={"X-Oculis-Tenant": "acme"})
+    assert again.headers["x-oculis-cache"] == "hit"  # the same key and tenant: its own answer
     stream = router.client.chat.completions.with_raw_response.create(
         model="adaptive", temperature=0, stream=True, messages=[{"role": "user", "content": "cache me"}])
     assert stream.headers["x-oculis-cache"] == "hit"
