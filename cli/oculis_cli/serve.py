@@ -21,6 +21,9 @@ def register(sub: Any) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--wait-for-config", action="store_true",
                    help="if the config file does not exist yet, start anyway: not ready (503) until it appears")
+    p.add_argument("--client-keys-env", metavar="VAR",
+                   help="accept only clients whose bearer key is listed (comma-separated) in this environment "
+                   "variable; overrides the config's server.client_keys_env")
     p.add_argument("--shutdown-grace", type=float, default=120, metavar="SECONDS",
                    help="after SIGTERM, how long in-flight requests and streams may take to finish (default 120)")
     p.set_defaults(run=run)
@@ -38,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
             load_config(args.config)  # refuse a bad file before binding anything
     except ConfigError as exc:
         print(f"oculis serve: {exc}", file=sys.stderr)
+        return 2
+    if args.client_keys_env is not None and not args.client_keys_env.isidentifier():
+        print(f"oculis serve: --client-keys-env {args.client_keys_env!r} is not an environment variable name",
+              file=sys.stderr)
         return 2
     if args.shutdown_grace < 0:
         print(f"oculis serve: --shutdown-grace {args.shutdown_grace:g} is negative; give seconds >= 0", file=sys.stderr)
@@ -57,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     metrics = Metrics()
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
-    app = build_app(config_path=args.config, metrics=metrics, wait_for_config=args.wait_for_config)
+    app = build_app(config_path=args.config, metrics=metrics, wait_for_config=args.wait_for_config,
+                    client_keys_env=args.client_keys_env)
     # On SIGTERM (a rolling restart) uvicorn stops accepting, lets in-flight requests and streams
     # finish for up to --shutdown-grace seconds, then exits: no answer is cut short by a restart.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,

@@ -186,6 +186,9 @@ class ServerSettings(Model):
     cache_backend: Literal["memory", "redis"] = "memory"
     """memory (per process) or redis (shared by replicas)"""
     redis_url: str | None = Field(None, description="redis://host:port/db for cache_backend: redis")
+    client_keys_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Environment variable holding the client API keys the router accepts (comma-separated). When set,
+    /v1 requests without one of them get 401; when that variable is empty, every /v1 request is refused."""
 
     @model_validator(mode="after")
     def _redis(self) -> ServerSettings:

@@ -17,6 +17,13 @@ def helm(bin_dir: Path, kubeconfig: Path, *args: str) -> subprocess.CompletedPro
     return subprocess.run([str(bin_dir / "helm"), *args], capture_output=True, text=True, env=env, check=False)
 
 
+def test_client_keys_come_from_a_secret(bin_dir: Path, kubeconfig: Path) -> None:
+    out = helm(bin_dir, kubeconfig, "template", "x", str(CHART), "--set", "router.clientKeys.secret=clients")
+    assert out.returncode == 0, out.stderr
+    assert "--client-keys-env, OCULIS_CLIENT_KEYS]" in out.stdout
+    assert "valueFrom: {secretKeyRef: {name: clients, key: keys}}" in out.stdout
+
+
 def test_chart_lints_and_installs(bin_dir: Path, kubeconfig: Path, api: client.ApiClient, namespace: str) -> None:
     lint = helm(bin_dir, kubeconfig, "lint", str(CHART))
     assert lint.returncode == 0, lint.stdout + lint.stderr

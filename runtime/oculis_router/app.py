@@ -24,7 +24,7 @@ from starlette.routing import Route as HTTPRoute
 from oculis import RouterConfig, Upstream
 from oculis_router import cache as rcache
 from oculis_router.errors import APIError, bad_request
-from oculis_router.inbound import check_body, disconnected, read_body, tenant_of
+from oculis_router.inbound import check_body, check_client_key, disconnected, read_body, tenant_of
 from oculis_router.metrics import Metrics
 from oculis_router.sse import StreamCollector
 from oculis_router.state import ConfigHolder, RouteRuntime, Runtime, describe
@@ -80,8 +80,13 @@ def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None) -> Non
 
 
 class Router:
-    def __init__(self, holder: ConfigHolder, caller: Caller, metrics: Metrics) -> None:
+    def __init__(self, holder: ConfigHolder, caller: Caller, metrics: Metrics,
+                 client_keys_env: str | None = None) -> None:
         self.holder, self.caller, self.metrics = holder, caller, metrics
+        self.client_keys_env = client_keys_env  # from the command line; else the config's server setting
+
+    def keys_env(self, rt: Runtime) -> str | None:
+        return self.client_keys_env or rt.config.server.client_keys_env
 
     def headers(self, plan: Plan, i: int, cache: str) -> dict[str, str]:
         h = {"x-oculis-route": plan.route.route.name if plan.route else "", "x-oculis-tier": plan.tier_names[i],
@@ -95,6 +100,7 @@ class Router:
         rt = self.holder.current  # this request's config snapshot, whatever reloads happen meanwhile
         route_label = "-"
         try:
+            check_client_key(request, self.keys_env(rt))
             if self.holder.waiting:
                 raise APIError(503, f"no router config loaded yet: waiting for {self.holder.path}; in a cluster it "
                                     "appears once an InferenceRoute exists in this namespace",
@@ -265,10 +271,11 @@ async def _iter(chunks: list[bytes]) -> AsyncIterator[bytes]:
 
 def build_app(config_path: Path | None = None, config: RouterConfig | None = None, metrics: Metrics | None = None,
               reload_interval: float = 1.0, max_retries: int = 2, backoff: float = 0.05,
-              wait_for_config: bool = False) -> Starlette:
+              wait_for_config: bool = False, client_keys_env: str | None = None) -> Starlette:
     metrics = metrics or Metrics()
     holder = ConfigHolder(config_path, metrics, config, wait_for_file=wait_for_config)
-    router = Router(holder, None, metrics)  # type: ignore[arg-type]  # the caller needs the loop: lifespan
+    # The caller needs the event loop: the lifespan sets it.
+    router = Router(holder, None, metrics, client_keys_env)  # type: ignore[arg-type]
 
     async def chat(request: Request) -> Response:
         return await router.handle(request, "chat")
@@ -277,6 +284,10 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
         return await router.handle(request, "completions")
 
     async def models(request: Request) -> Response:
+        try:
+            check_client_key(request, router.keys_env(holder.current))
+        except APIError as err:
+            return err.response()
         return JSONResponse({"object": "list", "data": describe(holder.current)})
 
     async def healthz(request: Request) -> Response:

@@ -4,7 +4,9 @@ from (the tenant), and whether it is still there."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import os
 from typing import Any
 
 from starlette.requests import Request
@@ -72,3 +74,16 @@ async def disconnected(request: Request) -> None:
     """Returns when the client goes away (the body has been read, so only a disconnect can come)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def check_client_key(request: Request, keys_env: str | None) -> None:
+    """With `server.client_keys_env` set, the request's bearer key must be one of the listed keys
+    (compared in constant time). Fails closed: an empty or missing variable refuses everyone."""
+    if not keys_env:
+        return
+    accepted = [k.strip() for k in os.environ.get(keys_env, "").split(",") if k.strip()]
+    auth = request.headers.get("authorization", "")
+    given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    if not given or not any(hmac.compare_digest(given.encode(), k.encode()) for k in accepted):
+        raise APIError(401, "invalid or missing API key: send `Authorization: Bearer <key>` with a key this "
+                            "router accepts", type_="invalid_request_error", code="invalid_api_key")

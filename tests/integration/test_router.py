@@ -308,3 +308,27 @@ def test_a_redis_cache_that_is_down_only_costs_cache_hits(router: RouterHandle, 
         raw = chat(router, "cache me if you can", temperature=0)
         assert raw.headers["x-oculis-cache"] == "miss" and raw.parse().choices[0].message.content
     assert len(fakes.scripts["small"].received) == 2
+
+
+def test_client_keys_when_configured(router: RouterHandle, fakes: Fakes, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OCULIS_TEST_CLIENT_KEYS", "sk-client, sk-second")
+    cfg = fakes.config()
+    cfg["oculis"]["server"] = {"client_keys_env": "OCULIS_TEST_CLIENT_KEYS"}
+    router.write(cfg)
+    deadline = time.monotonic() + 10
+    while router.app.state.holder.current.config.server.client_keys_env is None:
+        assert time.monotonic() < deadline, "config not reloaded"
+        time.sleep(0.05)
+    url = router.server.url
+    body = {"model": "adaptive", "messages": [{"role": "user", "content": "hi"}]}
+    assert chat(router, "hi").parse().choices  # the fixture's client sends sk-client
+    second = httpx.post(url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-second"})
+    assert second.status_code == 200
+    for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "sk-client"}):
+        r = httpx.post(url + "/v1/chat/completions", json=body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", headers
+        assert httpx.get(url + "/v1/models", headers=headers).status_code == 401
+    assert httpx.get(url + "/healthz").status_code == 200 and httpx.get(url + "/readyz").status_code == 200
+    monkeypatch.setenv("OCULIS_TEST_CLIENT_KEYS", "")  # fails closed
+    assert httpx.post(url + "/v1/chat/completions", json=body,
+                      headers={"Authorization": "Bearer sk-client"}).status_code == 401

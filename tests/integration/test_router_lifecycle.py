@@ -70,6 +70,7 @@ def test_taken_port_and_bad_grace_are_one_line_errors(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"--port {taken}: 127.0.0.1:{taken} is already in use" in proc.stderr
     for args, says in ((["--port", "70000"], "'70000' is not a port"),
+                       (["--client-keys-env", "NOT-A-VAR"], "is not an environment variable name"),
                        (["--shutdown-grace", "-1"], "--shutdown-grace -1 is negative")):
         proc = subprocess.run([sys.executable, "-m", "oculis_cli.main", "serve", "--config", str(path), *args],
                               capture_output=True, text=True, timeout=30)
@@ -103,3 +104,20 @@ def test_without_wait_for_config_a_missing_file_is_refused(tmp_path: Path) -> No
     proc = subprocess.run([sys.executable, "-m", "oculis_cli.main", "serve", "--config", str(tmp_path / "none.yaml")],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "cannot read config" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_client_keys_env_flag_guards_a_router_whose_config_has_none(
+        fakes: Fakes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # In a cluster the rendered config has no server block: the chart passes the flag and a Secret-backed variable.
+    monkeypatch.setenv("OCULIS_TEST_CLIENT_KEYS", "sk-client")
+    path = tmp_path / "oculis-config.yaml"
+    path.write_text(yaml.safe_dump(fakes.config()))
+    proc, url, _ = start_router(path, tmp_path / "router.log", "--client-keys-env", "OCULIS_TEST_CLIENT_KEYS")
+    try:
+        body = {"model": "adaptive", "messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(url + "/v1/chat/completions", json=body).status_code == 401
+        ok = httpx.post(url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-client"})
+        assert ok.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
