@@ -47,11 +47,16 @@ class Kube:
         with self._locks_guard:
             return self._locks[(namespace, name)]
 
-    def _raw(self, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-        """Call a client method returning the JSON body as a dict; None on 404."""
+    def _count(self) -> None:
+        """One API request made: every read and write goes through here, so the total and the
+        metrics counter cannot drift apart."""
         self.requests += 1
         if self.on_request is not None:
             self.on_request()
+
+    def _raw(self, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        """Call a client method returning the JSON body as a dict; None on 404."""
+        self._count()
         try:
             resp = call(*args, _preload_content=False, **kwargs)
         except ApiException as exc:
@@ -106,9 +111,7 @@ class Kube:
 
     def create(self, body: Any) -> None:  # the client takes plain dicts as bodies
         ns, kind = body["metadata"]["namespace"], body["kind"]
-        self.requests += 1
-        if self.on_request is not None:
-            self.on_request()
+        self._count()
         try:
             if kind == "Deployment":
                 self.apps.create_namespaced_deployment(ns, body)
@@ -123,11 +126,11 @@ class Kube:
                 raise
 
     def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        self.requests += 1
+        self._count()
         self.apps.patch_namespaced_deployment(render.workload_name(name), namespace, patch)
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any], plural: str = PLURAL) -> None:
-        self.requests += 1
+        self._count()
         self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, plural, name, {"status": status})
 
     def list_custom(self, namespace: str, plural: str) -> list[dict[str, Any]]:
@@ -141,7 +144,7 @@ class Kube:
     def apply_config_map(
         self, namespace: str, name: str, data: dict[str, str], annotations: dict[str, str], exists: bool
     ) -> None:
-        self.requests += 1
+        self._count()
         body: Any = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
