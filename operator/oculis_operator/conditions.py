@@ -7,6 +7,12 @@ from typing import Any
 ORDER = ("Ready", "CapacityOK", "Progressing", "Degraded")
 
 
+def condition(status: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    """The condition of this type in a status, or {} when there is none."""
+    found: dict[str, Any] = next((c for c in (status or {}).get("conditions", []) if c.get("type") == type_), {})
+    return found
+
+
 class Conditions:
     def __init__(self, previous: list[dict[str, Any]], generation: int, now: str) -> None:
         self._prev: dict[str, dict[str, Any]] = {str(c.get("type")): c for c in previous or []}

@@ -33,7 +33,7 @@ from oculis_operator import reconcile as core
 from oculis_operator import render, rollout, routeconfig
 from oculis_operator.admission import admission_verdict
 from oculis_operator.api_errors import api_error_line, going_away
-from oculis_operator.conditions import Conditions
+from oculis_operator.conditions import Conditions, condition
 from oculis_operator.kube import GROUP, PLURAL, VERSION, Kube, load_client
 from oculis_operator.metrics import OperatorMetrics
 
@@ -240,9 +240,9 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         return rollout.spare_gpus(nodes, pods, product)
 
     out = core.reconcile(obs, spare, _now())
-    ready = _condition(out.status, "Ready")
+    ready = condition(out.status, "Ready")
     metrics.observe_upstream((ns, name), ready.get("status") == "True")
-    refused, before = _condition(out.status, "CapacityOK"), _condition(status, "CapacityOK")
+    refused, before = condition(out.status, "CapacityOK"), condition(status, "CapacityOK")
     new_change = status.get("observedGeneration") != out.status.get("observedGeneration")
     if refused.get("status") == "False" and (before.get("status") != "False" or new_change):
         metrics.refusals.labels(refused.get("reason", "")).inc()  # once per refused change, not per reconcile
@@ -264,11 +264,6 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     if _status_changed(status, out.status):
         kube.patch_status(ns, name, out.status)
         render_routes_or_recheck(kube, ns, logger)  # readiness and engine hash feed the router config
-
-
-def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    found: dict[str, Any] = next((c for c in status.get("conditions", []) if c.get("type") == type_), {})
-    return found
 
 
 def _only_status_moved(type: str | None, body: kopf.Body) -> bool:

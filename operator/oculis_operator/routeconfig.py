@@ -22,6 +22,7 @@ from oculis.base import format_errors
 from oculis.inferenceroute import InferenceRouteSpec
 from oculis.router import RouterConfig
 from oculis_operator import render
+from oculis_operator.conditions import condition
 
 CONFIG_KEY, SECRETS_KEY = "oculis-config.yaml", "secret-env.json"
 
@@ -88,15 +89,12 @@ def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] 
 
 
 def ready(obj: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in (obj.get("status") or {}).get("conditions", [])
-    )
+    return condition(obj.get("status"), "Ready").get("status") == "True"
 
 
 def not_ready_because(obj: dict[str, Any]) -> str:
     """`name (Reason)`: why an upstream is not Ready, as its own Ready condition says."""
-    cond = next((c for c in (obj.get("status") or {}).get("conditions", []) if c.get("type") == "Ready"), None)
-    return f"{obj['metadata']['name']} ({cond.get('reason') if cond else 'not reconciled yet'})"
+    return f"{obj['metadata']['name']} ({condition(obj.get('status'), 'Ready').get('reason', 'not reconciled yet')})"
 
 
 def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any]]) -> Rendered:
