@@ -10,6 +10,8 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# e2e_support's `eventually` serves these tests too: one waiting helper for the whole suite.
+sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "e2e" / "tests"))
 from fake_upstreams import Server
 from router_support import Fakes, RouterHandle
 

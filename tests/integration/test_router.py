@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from e2e_support import eventually
 from prometheus_client import generate_latest
 from router_support import Fakes, RouterHandle
 
@@ -80,10 +81,8 @@ def test_a_client_that_goes_away_mid_stream_stops_the_upstream(router: RouterHan
         for line in r.iter_lines():
             if line.startswith("data: "):
                 break  # first chunk read; leaving the block closes the connection
-    deadline = time.monotonic() + 5
-    while fakes.scripts["small"].streams_cut == 0:
-        assert time.monotonic() < deadline, "the upstream kept streaming after the client left"
-        time.sleep(0.05)
+    eventually(lambda: fakes.scripts["small"].streams_cut, timeout=5, interval=0.05,
+               what="the upstream to see its stream cut after the client left")
     text = generate_latest(router.app.state.metrics.registry).decode()
     assert 'outcome="client_closed",route="adaptive",tier="simple",upstream="llama-8b"} 1.0' in text
 
@@ -93,10 +92,8 @@ def test_a_client_that_gives_up_on_a_slow_answer_stops_the_upstream(router: Rout
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(router.server.url + "/v1/chat/completions", timeout=0.5,
                    json={"model": "adaptive", "messages": [{"role": "user", "content": "hi"}]})
-    deadline = time.monotonic() + 5
-    while fakes.scripts["small"].streams_cut == 0:
-        assert time.monotonic() < deadline, "the upstream kept generating after the client gave up"
-        time.sleep(0.05)
+    eventually(lambda: fakes.scripts["small"].streams_cut, timeout=5, interval=0.05,
+               what="the upstream to stop generating after the client gave up")
     text = generate_latest(router.app.state.metrics.registry).decode()
     assert 'oculis_requests_total{outcome="client_closed",route="adaptive",tier="-",upstream="-"} 1.0' in text
 
@@ -300,10 +297,8 @@ def test_a_redis_cache_that_is_down_only_costs_cache_hits(router: RouterHandle, 
     cfg = fakes.config()
     cfg["oculis"]["server"] = {"cache_backend": "redis", "redis_url": f"redis://127.0.0.1:{free_port()}/0"}
     router.write(cfg)
-    deadline = time.monotonic() + 10
-    while router.app.state.holder.current.config.server.cache_backend != "redis":
-        assert time.monotonic() < deadline, "config not reloaded"
-        time.sleep(0.05)
+    eventually(lambda: router.app.state.holder.current.config.server.cache_backend == "redis", timeout=10,
+               interval=0.05, what="the config to reload")
     for _ in range(2):
         raw = chat(router, "cache me if you can", temperature=0)
         assert raw.headers["x-oculis-cache"] == "miss" and raw.parse().choices[0].message.content
@@ -315,10 +310,8 @@ def test_client_keys_when_configured(router: RouterHandle, fakes: Fakes, monkeyp
     cfg = fakes.config()
     cfg["oculis"]["server"] = {"client_keys_env": "OCULIS_TEST_CLIENT_KEYS"}
     router.write(cfg)
-    deadline = time.monotonic() + 10
-    while router.app.state.holder.current.config.server.client_keys_env is None:
-        assert time.monotonic() < deadline, "config not reloaded"
-        time.sleep(0.05)
+    eventually(lambda: router.app.state.holder.current.config.server.client_keys_env, timeout=10, interval=0.05,
+               what="the config to reload")
     url = router.server.url
     body = {"model": "adaptive", "messages": [{"role": "user", "content": "hi"}]}
     assert chat(router, "hi").parse().choices  # the fixture's client sends sk-client
