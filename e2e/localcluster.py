@@ -221,22 +221,28 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As the Go servers do: a port whose old connections sit in TIME_WAIT is free to listen on.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def check_ports_free(ports: Ports) -> None:
     for name, port in ports.items():
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            # As the Go servers do: a port whose old connections sit in TIME_WAIT is free to listen on.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                env = f"OCULIS_E2E_{name.upper()}_PORT"
-                low, high = ephemeral_range()
-                hint = (f" below {low} (ports {low}-{high} are the kernel's ephemeral range, which client "
-                        "connections take at random)" if low <= port <= high else "")
-                raise ClusterError(
-                    f"port 127.0.0.1:{port} ({name}) is already in use; stop whatever holds it "
-                    f"(`ss -ltnp 'sport = :{port}'`) or set {env} to a free port{hint}"
-                ) from None
+        if not port_free(port):
+            env = f"OCULIS_E2E_{name.upper()}_PORT"
+            low, high = ephemeral_range()
+            hint = (f" below {low} (ports {low}-{high} are the kernel's ephemeral range, which client "
+                    "connections take at random)" if low <= port <= high else "")
+            raise ClusterError(
+                f"port 127.0.0.1:{port} ({name}) is already in use; stop whatever holds it "
+                f"(`ss -ltnp 'sport = :{port}'`) or set {env} to a free port{hint}"
+            )
 
 
 def ephemeral_range() -> tuple[int, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,9 @@ import pytest
 E2E = Path(__file__).resolve().parents[1]
 CLUSTER = E2E / "cluster"
 T = TypeVar("T")
+# The cluster tool's own module, for tests that need its helpers (ports) rather than its CLI.
+sys.path.insert(0, str(E2E))
+import localcluster as localcluster  # noqa: E402  (re-exported)
 
 
 def eventually(probe: Callable[[], T], timeout: float = 60, interval: float = 0.25, what: str = "") -> T:

@@ -13,27 +13,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_support import CLUSTER, eventually
+from e2e_support import CLUSTER, eventually, localcluster
 
 PORT_NAMES = ("ETCD", "ETCD_PEER", "APISERVER", "CONTROLLER_MANAGER", "SCHEDULER", "KWOK")
-
-
-def listenable(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def pick_ports() -> dict[str, int]:
     """Free ports for a second cluster, drawn below the kernel's ephemeral range (32768+ here): a
     fixed port up there can be held at any moment by some client connection's local end, which is
     how a CI run once found 33800 taken."""
-    low, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    candidates = [p for p in random.sample(range(21000, min(low, 32768)), 200) if listenable(p)]
+    low, _ = localcluster.ephemeral_range()
+    candidates = [p for p in random.sample(range(21000, min(low, 32768)), 200) if localcluster.port_free(p)]
     return dict(zip(PORT_NAMES, candidates, strict=False))
 
 
