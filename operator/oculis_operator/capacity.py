@@ -12,6 +12,7 @@ storm: vLLM would keep evicting and recomputing).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -102,9 +103,16 @@ def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = N
         weights += weights_bytes_per_gpu(draft, tp)
     elif spec is not None and spec.method == "mtp":  # one extra decoder layer of the target
         kv_tok += kv_bytes_per_token(model, tp, e.kv_cache_dtype) // model.num_layers
-    activation = batched * model.hidden_size * ACTIVATION_BYTES_PER_TOKEN_HIDDEN // tp + seqs * model.vocab_size * 4
-    overhead = activation + NON_TORCH * (2 if tp > 1 else 1) + CUDA_GRAPHS
-    budget = int(total * e.gpu_memory_utilization) - weights - overhead
+    usable = int(total * e.gpu_memory_utilization)
+
+    def overhead_and_budget(n_seqs: int, n_batched: int) -> tuple[int, int]:
+        """(runtime overhead, KV budget) in bytes for a batch of n_seqs sequences and n_batched tokens a step."""
+        activation = (n_batched * model.hidden_size * ACTIVATION_BYTES_PER_TOKEN_HIDDEN // tp
+                      + n_seqs * model.vocab_size * 4)
+        overhead = activation + NON_TORCH * (2 if tp > 1 else 1) + CUDA_GRAPHS
+        return overhead, usable - weights - overhead
+
+    overhead, budget = overhead_and_budget(seqs, batched)
     tokens = max(0, budget // kv_tok // BLOCK * BLOCK)
     base: dict[str, Any] = dict(
         gpu_memory_bytes=total, weights_bytes_per_gpu=weights, kv_bytes_per_token=kv_tok, kv_budget_bytes=budget,
@@ -120,9 +128,26 @@ def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = N
                     f"model's {model.num_attention_heads} attention heads, as vLLM requires; use a divisor",
                     refuse_at_admission=True, **base)
     if budget <= 0:
+        # The activation peak grows with maxNumSeqs (and maxNumBatchedTokens): when the weights fit, a
+        # smaller batch is the fix, not more or larger GPUs.
+        profile = (traffic or Traffic()).profile
+        prof_batched = PROFILES[profile]["max_num_batched_tokens"]
+
+        def fits_with(n: int) -> bool:
+            left = overhead_and_budget(n, e.max_num_batched_tokens or max(prof_batched, n))[1]
+            n_tokens = max(0, left // kv_tok // BLOCK * BLOCK)
+            return n_tokens >= max_len and n * per_seq <= n_tokens
+
+        safe = largest_true(fits_with, seqs)
+        base["safe_max_num_seqs"] = safe
+        if safe:
+            fix = f"lower maxNumSeqs to at most {safe} (the largest safe maxNumSeqs)"
+        elif e.max_num_batched_tokens and overhead_and_budget(1, prof_batched)[1] > 0:
+            fix = f"lower maxNumBatchedTokens (the {profile} profile uses {prof_batched})"
+        else:
+            fix = "raise gpu.count, quantize, or use a larger GPU"
         return Plan(False, KV_EXHAUSTED, f"{KV_EXHAUSTED}: the weights and runtime overhead do not fit: {where}, "
-                    f"{int(total * e.gpu_memory_utilization) / GiB:.2f} GiB usable; raise gpu.count, quantize, "
-                    "or use a larger GPU", refuse_at_admission=True, **base)
+                    f"{usable / GiB:.2f} GiB usable; {fix}", refuse_at_admission=True, **base)
     if tokens < max_len:
         return Plan(False, KV_EXHAUSTED, f"{KV_EXHAUSTED}: one sequence of maxModelLen {max_len} needs {max_len} "
                     f"KV tokens but the cache holds {tokens} ({where}); largest safe maxModelLen is "
@@ -135,6 +160,18 @@ def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = N
                     f"{base['safe_max_model_len']}", refuse_at_admission=False, **base)
     return Plan(True, None, f"fits: {tokens} KV tokens hold {base['max_concurrency']} sequences of {per_seq} "
                 f"tokens ({where})", refuse_at_admission=False, **base)
+
+
+def largest_true(ok: Callable[[int], bool], upper: int) -> int:
+    """The largest n in [1, upper] with ok(n), for an ok that holds up to some n and fails above; 0 if none."""
+    lo, hi = 0, upper
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def draft_mismatch(target: ModelConfig, draft: ModelConfig, target_name: str, draft_name: str) -> str | None:

@@ -48,3 +48,25 @@ def test_a_model_outside_the_catalog_plans_from_a_model_config_file(tmp_path: Pa
     cfg.write_text("numLayers: 0\n")
     bad = plan("--model", "x", "--model-config", str(cfg), "--gpu", "H100-80GB")
     assert bad.returncode == 2 and "modelConfig.numLayers" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_an_impossible_batch_is_advised_to_shrink_to_the_largest_safe_value() -> None:
+    # The weights fit; only the activation peak of 10^8 sequences does not: more GPUs is the wrong fix.
+    from oculis import gpus
+    from oculis.upstream import Engine
+    from oculis_operator import capacity, catalog
+
+    model, h100 = catalog.lookup("meta-llama/Llama-3.1-8B-Instruct"), gpus.lookup("H100-80GB")
+    p = capacity.plan(model, h100, 1, Engine(max_num_seqs=100_000_000))
+    assert not p.fits and p.error_code == capacity.KV_EXHAUSTED and "raise gpu.count" not in p.message
+    safe = p.safe_max_num_seqs
+    assert f"lower maxNumSeqs to at most {safe}" in p.message
+    assert capacity.plan(model, h100, 1, Engine(max_num_seqs=safe)).fits  # largest: safe fits, safe + 1 does not
+    assert not capacity.plan(model, h100, 1, Engine(max_num_seqs=safe + 1)).fits
+    cli = plan("--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "--max-num-seqs", "100000000")
+    assert cli.returncode == 3 and f"lower maxNumSeqs to at most {safe}" in cli.stdout
+    # A huge explicit token budget per step is named as the culprit; weights that cannot fit keep the GPU advice.
+    big_step = capacity.plan(model, h100, 1, Engine(max_num_seqs=4, max_num_batched_tokens=100_000_000))
+    assert "lower maxNumBatchedTokens" in big_step.message
+    weights = capacity.plan(catalog.lookup("meta-llama/Llama-3.1-70B-Instruct"), h100, 1)
+    assert "raise gpu.count, quantize, or use a larger GPU" in weights.message
