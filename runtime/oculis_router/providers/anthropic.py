@@ -1,5 +1,17 @@
 """Anthropic's Messages API behind the OpenAI chat shape, both ways, streaming included.
 
+What is translated: system/developer prompts (strings or text parts), user text and images
+(`image_url` data URLs become base64 image blocks, http(s) URLs url image sources), assistant
+`tool_calls` (-> `tool_use` blocks), `role: tool` results (-> `tool_result` blocks in a user turn),
+`tools`/`tool_choice`/`parallel_tool_calls`, sampling (`temperature`, `top_p`, `top_k`, `stop`),
+`max_tokens`/`max_completion_tokens` and `user` (-> `metadata.user_id`). Answers come back with their
+`tool_calls`, streamed (`input_json_delta` -> tool_call argument deltas) or not.
+
+What cannot be translated faithfully is refused with a 400 naming the field and why (a request
+parameter Anthropic has no equivalent for, audio, files, legacy `functions`), never dropped
+silently: the client would otherwise get an answer to a different question. A parameter given at
+its OpenAI default (`n: 1`, `logprobs: false`, ...) changes nothing and is accepted.
+
 Prompt caching: with `prompt_cache.enabled`, up to `breakpoints` `cache_control` markers go on the
 longest stable prefixes: the end of the conversation before the newest user turn first, then the
 end of the system prompt, then earlier turn boundaries. Message order is never changed.
@@ -9,51 +21,233 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from typing import Any
 
 from oculis import Upstream
-from oculis_router.errors import bad_request
+from oculis_router.errors import APIError, bad_request
 
-STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
+STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
+        "pause_turn": "stop", "refusal": "content_filter", "model_context_window_exceeded": "length"}
+# Request fields with a Messages API counterpart (each is handled in build_request).
+TRANSLATED = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
+              "stream", "tools", "tool_choice", "parallel_tool_calls", "user"}
+# Fields that change nothing about the answer: usage is always reported on Anthropic streams.
+NO_EFFECT = {"stream_options"}
+# OpenAI defaults: a field sent with one of these values asks for nothing Anthropic does not do.
+DEFAULTS: dict[str, list[Any]] = {
+    "n": [1], "logprobs": [False], "top_logprobs": [0], "presence_penalty": [0], "frequency_penalty": [0],
+    "logit_bias": [{}], "store": [False], "metadata": [{}], "response_format": [{"type": "text"}],
+    "modalities": [["text"]], "service_tier": ["auto"],
+}
+# Why a field is refused, where a better hint than "no Messages API equivalent" exists.
+WHY = {
+    "response_format": "Anthropic has no JSON or schema mode; describe the format in the prompt, or use a tool",
+    "logprobs": "Anthropic returns no log probabilities",
+    "top_logprobs": "Anthropic returns no log probabilities",
+    "n": "Anthropic answers one choice per request; send separate requests",
+    "audio": "Anthropic answers in text only",
+    "modalities": "Anthropic answers in text only",
+    "functions": "legacy `functions` are not translated; send `tools`",
+    "function_call": "legacy `function_call` is not translated; send `tool_choice`",
+    "seed": "Anthropic has no sampling seed",
+    "logit_bias": "Anthropic has no logit bias",
+}
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)(?P<params>(?:;[^;,]*)*?);base64,(?P<data>.*)", re.DOTALL)
 
 
-def _blocks(content: Any) -> list[dict[str, Any]]:
+def refused(up: Upstream, field: str, why: str) -> APIError:
+    return bad_request(f"`{field}` is not supported for anthropic upstreams ({up.name}): {why}", param=field,
+                       code="unsupported_parameter")
+
+
+def check_params(up: Upstream, body: dict[str, Any]) -> None:
+    """Refuse every request field the translation would otherwise have to drop."""
+    for key in sorted(body):
+        if key in TRANSLATED or key in NO_EFFECT or body[key] in DEFAULTS.get(key, []):
+            continue
+        raise refused(up, key, WHY.get(key, "the Messages API has no equivalent; leave it out"))
+
+
+def text_of(up: Upstream, content: Any, where: str) -> list[dict[str, Any]]:
+    """Text blocks of a system or tool message: a string or text parts only."""
     if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if isinstance(content, list):
-        return [{"type": "text", "text": p.get("text", "")} for p in content if isinstance(p, dict)
-                and p.get("type") == "text"]
-    return []
+        return [{"type": "text", "text": content}] if content else []
+    if not isinstance(content, list):
+        raise bad_request(f"`{where}.content` must be a string or a list of text parts", param=where)
+    blocks = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise refused(up, f"{where}.content[{j}]", f"this message takes text parts only, not {kind!r}")
+        if part["text"]:
+            blocks.append({"type": "text", "text": part["text"]})
+    return blocks
+
+
+def image_block(up: Upstream, part: dict[str, Any], where: str) -> dict[str, Any]:
+    spec = part.get("image_url")
+    url = spec.get("url") if isinstance(spec, dict) else spec
+    if not isinstance(url, str):
+        raise bad_request(f"`{where}.image_url.url` must be a string (a data: or https: URL)", param=where)
+    if url.startswith(("http://", "https://")):
+        return {"type": "image", "source": {"type": "url", "url": url}}
+    m = DATA_URL.fullmatch(url)
+    if m is None:
+        raise refused(up, f"{where}.image_url.url", "an image must be an http(s) URL or a base64 data: URL")
+    if m["type"] not in IMAGE_TYPES:
+        raise refused(up, f"{where}.image_url.url", f"image type {m['type']} is not one of {', '.join(IMAGE_TYPES)}")
+    # `detail` is a resolution hint with no Anthropic counterpart; the image itself is sent whole.
+    return {"type": "image", "source": {"type": "base64", "media_type": m["type"], "data": m["data"]}}
+
+
+def user_blocks(up: Upstream, content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if not isinstance(content, list):
+        raise bad_request(f"`{where}.content` must be a string or a list of content parts", param=where)
+    blocks = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            if part["text"]:
+                blocks.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url":
+            blocks.append(image_block(up, part, f"{where}.content[{j}]"))
+        else:
+            raise refused(up, f"{where}.content[{j}]", f"content parts of type {kind!r} are not translated "
+                          "(text and image_url are)")
+    return blocks
+
+
+def assistant_blocks(up: Upstream, m: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    for key in ("function_call", "audio"):
+        if m.get(key) is not None:
+            raise refused(up, f"{where}.{key}", WHY[key])
+    blocks = [] if m.get("content") is None else text_of(up, m["content"], where)
+    for k, call in enumerate(m.get("tool_calls") or []):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(call.get("id"), str):
+            raise bad_request(f"`{where}.tool_calls[{k}]` needs an `id` and a `function` with a `name`",
+                              param=f"{where}.tool_calls")
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except (TypeError, ValueError):
+            args = None
+        if not isinstance(args, dict):
+            raise bad_request(f"`{where}.tool_calls[{k}].function.arguments` must be a JSON object as a string",
+                              param=f"{where}.tool_calls")
+        blocks.append({"type": "tool_use", "id": call["id"], "name": fn["name"], "input": args})
+    return blocks
+
+
+def tool_result(up: Upstream, m: dict[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(m.get("tool_call_id"), str):
+        raise bad_request(f"`{where}.tool_call_id` is required on a tool message: the id of the call it answers",
+                          param=where)
+    content = m.get("content")
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m["tool_call_id"]}
+    block["content"] = content if isinstance(content, str) else text_of(up, content, where)
+    return block
+
+
+def translate_messages(up: Upstream, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
+                                                                            list[dict[str, Any]]]:
+    """(system blocks, alternating user/assistant turns) of an OpenAI conversation."""
+    system: list[dict[str, Any]] = []
+    turns: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        where, role = f"messages[{i}]", m.get("role")
+        # Tool messages may carry the function name: redundant with tool_call_id, so nothing is lost.
+        if m.get("name") is not None and role != "tool":
+            raise refused(up, f"{where}.name", "Anthropic has no participant names; put the speaker in the content")
+        if role in ("system", "developer"):
+            system.extend(text_of(up, m.get("content"), where))
+            continue
+        if role == "user":
+            turn_role, blocks = "user", user_blocks(up, m.get("content"), where)
+        elif role == "assistant":
+            turn_role, blocks = "assistant", assistant_blocks(up, m, where)
+        elif role == "tool":
+            turn_role, blocks = "user", [tool_result(up, m, where)]  # results answer in the next user turn
+        elif role == "function":
+            raise refused(up, f"{where}.role", "legacy function messages are not translated; use tool messages")
+        else:
+            raise bad_request(f"`{where}.role` {role!r} is not a chat role (system, developer, user, assistant, "
+                              "tool)", param=where)
+        if not blocks:
+            continue  # an empty turn says nothing, and Anthropic refuses empty content
+        if turns and turns[-1]["role"] == turn_role:  # Anthropic wants alternating turns
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": turn_role, "content": blocks})
+    return system, turns
+
+
+def translate_tools(up: Upstream, body: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise bad_request("`tools` must be a list of {type: function, function: {...}}", param="tools")
+        out["tools"] = []
+        for k, t in enumerate(tools):
+            fn = t.get("function") if isinstance(t, dict) else None
+            if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+                raise refused(up, f"tools[{k}]", "only function tools are translated")
+            if not isinstance(fn.get("name"), str):
+                raise bad_request(f"`tools[{k}].function.name` is required", param="tools")
+            if fn.get("strict"):
+                raise refused(up, f"tools[{k}].function.strict", "strict schema adherence is not translated; "
+                              "leave `strict` out")
+            schema = fn.get("parameters") or {}
+            tool: dict[str, Any] = {"name": fn["name"], "input_schema": {"type": "object", **schema}}
+            if fn.get("description"):
+                tool["description"] = fn["description"]
+            out["tools"].append(tool)
+    choice = body.get("tool_choice")
+    if choice is not None:
+        if choice in ("auto", "none"):
+            out["tool_choice"] = {"type": choice}
+        elif choice == "required":
+            out["tool_choice"] = {"type": "any"}
+        elif (isinstance(choice, dict) and choice.get("type") == "function"
+              and isinstance((choice.get("function") or {}).get("name"), str)):
+            out["tool_choice"] = {"type": "tool", "name": choice["function"]["name"]}
+        else:
+            raise refused(up, "tool_choice", "give auto, none, required or {type: function, function: {name}}")
+    if body.get("parallel_tool_calls") is False and out.get("tools"):
+        tc = out.setdefault("tool_choice", {"type": "auto"})
+        if tc["type"] != "none":
+            tc["disable_parallel_tool_use"] = True
+    return out
 
 
 def build_request(up: Upstream, endpoint: str, body: dict[str, Any]) -> tuple[str, dict[str, str], dict[str, Any]]:
     if endpoint != "chat":
         raise bad_request(f"upstream {up.name} is an Anthropic model, which has no completions endpoint; "
                           "send the request to /v1/chat/completions", code="unsupported_endpoint")
-    system: list[dict[str, Any]] = []
-    messages: list[dict[str, Any]] = []
-    for m in body.get("messages", []):
-        role = m.get("role")
-        if role in ("system", "developer"):
-            system.extend(_blocks(m.get("content")))
-        elif role in ("user", "assistant"):
-            blocks = _blocks(m.get("content"))
-            if messages and messages[-1]["role"] == role:  # Anthropic wants alternating turns
-                messages[-1]["content"].extend(blocks)
-            else:
-                messages.append({"role": role, "content": blocks})
+    check_params(up, body)
+    system, messages = translate_messages(up, body.get("messages", []))
+    if not messages:
+        raise bad_request(f"upstream {up.name} (anthropic) needs at least one non-empty user or assistant message",
+                          param="messages")
     out: dict[str, Any] = {"model": up.model, "messages": messages,
                            "max_tokens": body.get("max_tokens") or body.get("max_completion_tokens")
                            or up.default_max_tokens}
     if system:
         out["system"] = system
-    for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("stream", "stream")):
-        if body.get(ours) is not None:
-            out[theirs] = body[ours]
+    for name in ("temperature", "top_p", "top_k", "stream"):
+        if body.get(name) is not None:
+            out[name] = body[name]
     stop = body.get("stop")
     if stop:
         out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
+    if isinstance(body.get("user"), str):
+        out["metadata"] = {"user_id": body["user"]}
+    out.update(translate_tools(up, body))
     pc = up.prompt_cache
     if pc and pc.enabled and pc.breakpoints:
         place_cache_markers(out, pc.breakpoints, pc.ttl)
@@ -85,11 +279,21 @@ def usage_to_openai(u: dict[str, Any]) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": read}, "cache_creation_input_tokens": write}
 
 
+def tool_call(block: dict[str, Any], arguments: str) -> dict[str, Any]:
+    return {"id": block.get("id", ""), "type": "function",
+            "function": {"name": block.get("name", ""), "arguments": arguments}}
+
+
 def parse_response(endpoint: str, data: dict[str, Any]) -> dict[str, Any]:
-    text = "".join(b.get("text", "") for b in data.get("content", []) if b.get("type") == "text")
+    blocks = [b for b in data.get("content") or [] if isinstance(b, dict)]
+    text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    calls = [tool_call(b, json.dumps(b.get("input") or {})) for b in blocks if b.get("type") == "tool_use"]
+    message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+    if calls:
+        message["tool_calls"] = calls
     return {"id": data.get("id", ""), "object": "chat.completion", "created": int(time.time()),
             "model": data.get("model", ""),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": 0, "message": message,
                          "finish_reason": STOP.get(data.get("stop_reason") or "", "stop")}],
             "usage": usage_to_openai(data.get("usage", {}))}
 
@@ -101,6 +305,7 @@ class StreamTranslator:
         self._buf = b""
         self._id, self._model, self._usage = "", "", {}  # type: tuple[str, str, dict[str, Any]]
         self._created = int(time.time())
+        self._tool_index: dict[int, int] = {}  # content block index -> OpenAI tool_calls index
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, usage: dict[str, Any] | None = None) -> bytes:
         c: dict[str, Any] = {"id": self._id, "object": "chat.completion.chunk", "created": self._created,
@@ -120,15 +325,23 @@ class StreamTranslator:
                 continue
             ev = json.loads(payload)
             kind = ev.get("type")
+            delta = ev.get("delta") or {}
             if kind == "message_start":
                 msg = ev.get("message", {})
                 self._id, self._model, self._usage = msg.get("id", ""), msg.get("model", ""), msg.get("usage", {})
                 out.append(self._chunk({"role": "assistant", "content": ""}))
-            elif kind == "content_block_delta" and ev.get("delta", {}).get("type") == "text_delta":
-                out.append(self._chunk({"content": ev["delta"].get("text", "")}))
+            elif kind == "content_block_start" and (ev.get("content_block") or {}).get("type") == "tool_use":
+                k = self._tool_index.setdefault(ev.get("index", 0), len(self._tool_index))
+                out.append(self._chunk({"tool_calls": [{"index": k, **tool_call(ev["content_block"], "")}]}))
+            elif kind == "content_block_delta" and delta.get("type") == "text_delta":
+                out.append(self._chunk({"content": delta.get("text", "")}))
+            elif kind == "content_block_delta" and delta.get("type") == "input_json_delta":
+                k = self._tool_index.get(ev.get("index", 0), 0)
+                out.append(self._chunk({"tool_calls": [{"index": k, "function": {
+                    "arguments": delta.get("partial_json", "")}}]}))
             elif kind == "message_delta":
                 self._usage = {**self._usage, **ev.get("usage", {})}
-                out.append(self._chunk({}, STOP.get(ev.get("delta", {}).get("stop_reason") or "", "stop")))
+                out.append(self._chunk({}, STOP.get(delta.get("stop_reason") or "", "stop")))
             elif kind == "message_stop":
                 out.append(self._chunk({}, usage=usage_to_openai(self._usage)))
                 out.append(b"data: [DONE]\n\n")
