@@ -106,7 +106,7 @@ class Router:
                                     "appears once an InferenceRoute exists in this namespace",
                                type_="service_unavailable", code="no_config")
             body = await read_body(request, rt.config.server.max_body_bytes)
-            check_body(body, endpoint)
+            body = check_body(body, endpoint)
             plan = plan_request(rt, body, self.metrics)
             route_label = body["model"]
             key = None

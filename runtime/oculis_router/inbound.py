@@ -13,14 +13,6 @@ from starlette.requests import Request
 
 from oculis_router.errors import APIError, bad_request
 
-KNOWN_PARAMS = {
-    "model", "messages", "prompt", "temperature", "top_p", "n", "stream", "stream_options", "stop", "max_tokens",
-    "max_completion_tokens", "presence_penalty", "frequency_penalty", "logit_bias", "user", "seed", "tools",
-    "tool_choice", "response_format", "logprobs", "top_logprobs", "parallel_tool_calls", "metadata", "store",
-    "service_tier", "reasoning_effort", "suffix", "echo", "best_of", "modalities", "prediction",
-}
-
-
 def tenant_of(request: Request) -> str:
     """The cache partition of a request: its API key (as a digest: the key itself is never kept or
     logged), subdivided by `X-Oculis-Tenant` when a gateway in front sets it. The header alone never
@@ -49,10 +41,13 @@ async def read_body(request: Request, limit: int) -> dict[str, Any]:
     return body
 
 
-def check_body(body: dict[str, Any], endpoint: str) -> None:
-    unknown = sorted(set(body) - KNOWN_PARAMS)
-    if unknown:
-        raise bad_request(f"unsupported parameter: {unknown[0]}", param=unknown[0], code="unsupported_parameter")
+def check_body(body: dict[str, Any], endpoint: str) -> dict[str, Any]:
+    """The request as the router will use it, checked for what the router itself needs. Fields it
+    does not know pass through: OpenAI-compatible engines take extensions (vLLM's `top_k`,
+    `guided_json`, `repetition_penalty`...) and OpenAI adds fields often; a provider that cannot take
+    a field refuses it by name (providers/anthropic.py). A top-level `null` means "unset", as some
+    clients send it, so it is dropped rather than judged or forwarded."""
+    body = {k: v for k, v in body.items() if v is not None}
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise bad_request("you must provide a model: a route or upstream name (see GET /v1/models)", param="model")
     if endpoint == "chat":
@@ -64,10 +59,11 @@ def check_body(body: dict[str, Any], endpoint: str) -> None:
     elif not isinstance(body.get("prompt"), str | list):
         raise bad_request("`prompt` is required: a string or a list of strings", param="prompt")
     if body.get("n", 1) != 1:
-        raise bad_request("n > 1 is not supported by the router; send separate requests", param="n",
-                          code="unsupported_parameter")
+        raise bad_request(f"`n` must be 1 (got {body['n']!r}): the router answers one choice per request; send "
+                          "separate requests", param="n", code="unsupported_parameter")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise bad_request("`stream` must be a boolean", param="stream")
+    return body
 
 
 async def disconnected(request: Request) -> None:
