@@ -16,6 +16,7 @@ One tokenisation, a gather and a few means: well under a millisecond on a 500-to
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 from dataclasses import dataclass
@@ -129,7 +130,7 @@ class ComplexityClassifier:
 
     def __init__(self, head: Head, cache_ttl_seconds: float = 3600, max_entries: int = 100_000) -> None:
         self.head = head
-        self._memo: TTLCache[str, Classification] | None = (
+        self._memo: TTLCache[bytes, Classification] | None = (
             TTLCache(maxsize=max_entries, ttl=cache_ttl_seconds) if cache_ttl_seconds > 0 and max_entries else None
         )
         self._lock = threading.Lock()
@@ -145,7 +146,11 @@ class ComplexityClassifier:
         return cls(_load_head(path), cache_ttl_seconds, max_entries)
 
     def score_text(self, text: str, context: str = "") -> Classification:
-        key = f"{context}\x00{text}"
+        # Keyed by a digest, not the text: a memo of full prompts held ~3 MB per long prompt (100 000
+        # of them would be gigabytes); a 16-byte digest bounds each entry to a few hundred bytes.
+        # The context's length goes first so no (context, text) split can collide with another.
+        key = hashlib.blake2b(f"{len(context)}:{context}{text}".encode("utf-8", "surrogatepass"),
+                              digest_size=16).digest()
         if self._memo is not None:
             with self._lock:
                 hit = self._memo.get(key)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 from typing import Any
 
 from starlette.requests import Request
 
+from oculis_router import strictjson
 from oculis_router.errors import APIError, bad_request
 
 def tenant_of(request: Request) -> str:
@@ -28,14 +28,20 @@ async def read_body(request: Request, limit: int) -> dict[str, Any]:
     if declared and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes "
                        "(server.max_body_bytes)", code="request_too_large")
-    raw = await request.body()
-    if len(raw) > limit:
-        raise APIError(413, f"request body exceeds the limit of {limit} bytes (server.max_body_bytes)",
-                       code="request_too_large")
+    # Read as it arrives and stop at the limit: a chunked body declares no length, and buffering it
+    # whole first let one request hold any amount of memory. The rest is discarded by the server.
+    parts: list[bytes] = []
+    size = 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes (server.max_body_bytes)",
+                           code="request_too_large")
+        parts.append(part)
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        body = strictjson.loads(b"".join(parts), "the request body")
+    except ValueError as exc:  # invalid JSON or UTF-8, NaN/Infinity, lone surrogates, nesting too deep
+        raise bad_request(str(exc), code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     return body

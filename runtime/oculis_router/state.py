@@ -3,8 +3,12 @@
 A `Runtime` is an immutable snapshot built from one valid config: routes with their scorers and
 cache stores. Each request takes the snapshot in force when it starts and keeps it to the end, so a
 reload never drops or changes an in-flight request. A new file that does not parse or validate is
-rejected (logged, counted) and the last good snapshot keeps serving. Stores and scorers whose
-settings did not change are carried over, so a reload keeps caches warm.
+rejected (logged once, counted) and the last good snapshot keeps serving; the next good file
+applies. Whatever a write holds (invalid UTF-8, YAML nested past the recursion limit, a schema
+error, a setting that fails to build) is a rejection, never an exception that ends the watcher;
+should the watcher stop anyway, `watch_stopped` says why and `/readyz` turns 503 naming it.
+Stores and scorers whose settings did not change are carried over, so a reload keeps caches warm;
+those a reload dropped are closed once in-flight requests of the old snapshot have had time to end.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +45,8 @@ class Runtime:
     upstreams: dict[str, Upstream]
 
 
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a ConfigMap holds 1 MiB; anything far larger is not a config
+RETIRE_AFTER_S = 600.0  # a dropped cache store outlives the longest in-flight request of the old snapshot
 WAITING = ""  # the digest of the empty runtime served until a config file first appears
 
 
@@ -52,6 +59,10 @@ class ConfigHolder:
         self.metrics = metrics
         self._scorers: dict[str, RouteScorer] = {}
         self._stores: dict[str, Store] = {}
+        self._retired: list[tuple[float, Store]] = []  # (when dropped, store) by a reload, closed later
+        self._rejected: str | None = None  # digest of the last file refused, so it is logged once
+        self._unreadable: str | None = None  # the last read error, so a lasting one is logged once
+        self.watch_stopped: str | None = None  # why the reload watcher ended, if it did
         if config is None:
             assert path is not None
             if wait_for_file and not path.exists():
@@ -59,9 +70,9 @@ class ConfigHolder:
                 self._stamp = None
                 log.warning("no config at %s yet; not ready until it appears", path)
                 return
-            text = path.read_text()
-            config = parse_config(text, str(path))
-            digest = hashlib.sha256(text.encode()).hexdigest()
+            raw = path.read_bytes()
+            config = self._parse(raw)
+            digest = hashlib.sha256(raw).hexdigest()
         else:
             digest = hashlib.sha256(config.model_dump_json().encode()).hexdigest()
         self.current = self._build(config, digest)
@@ -78,18 +89,38 @@ class ConfigHolder:
             return None
         return (st.st_mtime_ns, st.st_size) if st else None
 
+    def _parse(self, raw: bytes) -> RouterConfig:
+        """Every way a file can be unusable is a ConfigError naming it."""
+        source = str(self.path)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{source}: not UTF-8 text (invalid byte at offset {exc.start}); "
+                              "save the file as UTF-8") from None
+        try:
+            return parse_config(text, source)
+        except RecursionError:
+            raise ConfigError(f"{source}: nested too deeply to be a configuration") from None
+
     def _build(self, config: RouterConfig, digest: str) -> Runtime:
+        """Built aside and adopted whole: a config that fails half-way leaves nothing behind."""
+        scorers: dict[str, RouteScorer] = {}
+        stores: dict[str, Store] = {}
         routes = {}
         for route in config.routes:
             skey = f"{route.name}:{route.classifier.model_dump_json()}:{route.tiers!r}:{route.escalation!r}"
-            scorer = self._scorers.get(skey) or RouteScorer(route)
-            self._scorers[skey] = scorer
+            scorer = scorers.get(skey) or self._scorers.get(skey) or RouteScorer(route)
+            scorers[skey] = scorer
             store = None
             if route.cache.enabled:
                 ckey = f"{route.name}:{route.cache.model_dump_json()}:{config.server.model_dump_json()}"
-                store = self._stores.get(ckey) or self._new_store(config, route)
-                self._stores[ckey] = store
+                store = stores.get(ckey) or self._stores.get(ckey) or self._new_store(config, route)
+                stores[ckey] = store
             routes[route.name] = RouteRuntime(route, scorer, store)
+        now = time.monotonic()
+        kept = {id(s) for s in stores.values()}
+        self._retired += [(now, s) for s in self._stores.values() if id(s) not in kept]
+        self._scorers, self._stores = scorers, stores
         for up in config.upstreams:
             if why := missing_key(up):
                 log.warning("%s; requests to it will fail over to the next tier", why)
@@ -103,38 +134,74 @@ class ConfigHolder:
         return MemoryStore(route.cache.max_entries, route.cache.ttl_seconds)
 
     def reload(self) -> bool:
-        """Re-read the file if it changed; True when a new config took effect."""
+        """Re-read the file if it changed; True when a new config took effect. Raises only OSError
+        (the file could not be read: retried on the next tick)."""
         stamp = self._stat()
         if stamp is None or stamp == self._stamp or self.path is None:
             return False
+        too_large = stamp[1] > MAX_CONFIG_BYTES  # not even read
+        raw = b"" if too_large else self.path.read_bytes()
+        digest = f"too-large:{stamp}" if too_large else hashlib.sha256(raw).hexdigest()
         self._stamp = stamp
-        text = self.path.read_text()
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        if digest == self.current.digest:
+        self._unreadable = None
+        if digest in (self.current.digest, self._rejected):
             return False
         try:
-            config = parse_config(text, str(self.path))
-            runtime = self._build(config, digest)
-        except (ConfigError, ValueError) as exc:
+            if too_large:
+                raise ConfigError(f"{self.path}: {stamp[1]} bytes is larger than any configuration "
+                                  f"({MAX_CONFIG_BYTES} bytes at most)")
+            runtime = self._build(self._parse(raw), digest)
+        except Exception as exc:  # whatever a file holds, it must not stop the reloads
+            self._rejected = digest
             self.metrics.reloads.labels("rejected").inc()
-            log.error("rejected new config, still serving the previous one: %s", exc)
+            detail = str(exc) if isinstance(exc, ConfigError | ValueError) else f"{type(exc).__name__}: {exc}"
+            log.error("rejected new config, still serving the previous one: %s", detail)
             return False
         self.current = runtime
+        self._rejected = None
         self.metrics.reloads.labels("applied").inc()
         log.info("applied new config %s", digest[:12])
         return True
 
-    async def watch(self, interval: float = 1.0) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                self.reload()
-            except OSError as exc:  # a ConfigMap swap can briefly remove the file
+    def tick(self) -> None:
+        """One look at the file; never raises."""
+        try:
+            self.reload()
+        except OSError as exc:  # a ConfigMap swap can briefly remove the file
+            if str(exc) != self._unreadable:
                 log.warning("config file unreadable, keeping the current one: %s", exc)
+            self._unreadable = str(exc)
+        except Exception:  # a bug here must not end hot reload; said once per tick
+            log.exception("config reload failed, keeping the current config")
+
+    async def watch(self, interval: float = 1.0) -> None:
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                self.tick()
+                await self._close_retired(RETIRE_AFTER_S)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.watch_stopped = f"{type(exc).__name__}: {exc}"
+            log.critical("config reload watcher stopped; config changes are ignored until restart: %s",
+                         self.watch_stopped)
+            raise
+
+    async def _close_retired(self, after: float) -> None:
+        now = time.monotonic()
+        due = [s for t, s in self._retired if now - t >= after]
+        self._retired = [(t, s) for t, s in self._retired if now - t < after]
+        for store in due:
+            try:
+                await store.close()
+            except Exception as exc:  # a store that fails to close is only a leak, said once
+                log.warning("closing a cache store dropped by a reload failed: %s: %s", type(exc).__name__, exc)
 
     async def close(self) -> None:
         for store in self._stores.values():
             await store.close()
+        await self._close_retired(0)
 
 
 def describe(runtime: Runtime) -> list[dict[str, Any]]:
