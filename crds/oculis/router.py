@@ -85,6 +85,10 @@ class TierMatch(Model):
     """Prompt must have at most this many tokens"""
 
 
+# What a prompt can hold besides text (OpenAI content parts: image_url, input_audio).
+Modality = Literal["text", "image", "audio"]
+
+
 class SemanticTier(Model):
     """One tier of a route: tried in order, the first whose match holds answers."""
 
@@ -94,6 +98,8 @@ class SemanticTier(Model):
     """Rules for this tier; the last tier must have none"""
     upstream: str = Field(max_length=253)
     """Upstream (GPUUpstream name) that answers"""
+    modalities: list[Modality] | None = Field(None, min_length=1)
+    """What this tier's model takes, e.g. [text, image]: image prompts go to tiers that declare image"""
 
 
 # The classifiers the router image ships (runtime/oculis_router/classifier_data/<name>.npz; a test

@@ -47,7 +47,7 @@ class Plan:
     escalated: bool
 
 
-def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics) -> Plan:
+def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: str = "chat") -> Plan:
     name = body["model"]
     if name in rt.upstreams:
         return Plan(None, [rt.upstreams[name]], ["direct"], None, False)
@@ -58,11 +58,16 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics) -> Plan:
                        param="model", code="model_not_found")
     t0 = time.perf_counter()
     try:
-        c, decision = rr.scorer.score(body)
+        # Anthropic has no completions endpoint: such a request skips its tiers (decide.tier_order).
+        skip = {u.name for u in rt.upstreams.values() if u.provider == "anthropic"} if endpoint != "chat" else set()
+        c, decision = rr.scorer.score(body, skip)
     except ValueError as exc:
         raise bad_request(str(exc), param="messages") from None
     metrics.classification.labels(name).observe(time.perf_counter() - t0)
-    tiers = rr.route.tiers[decision.index:]
+    if not decision.order:
+        raise bad_request(f"route {name!r} has no tier whose upstream serves /v1/completions (Anthropic upstreams "
+                          "do not); send the request to /v1/chat/completions", code="unsupported_endpoint")
+    tiers = [rr.route.tiers[i] for i in decision.order]
     if decision.escalated:
         metrics.escalations.labels(name, "low_confidence").inc()
     return Plan(rr, [rt.upstreams[t.upstream] for t in tiers], [t.name for t in tiers], c.complexity,
@@ -107,7 +112,7 @@ class Router:
                                type_="service_unavailable", code="no_config")
             body = await read_body(request, rt.config.server.max_body_bytes)
             body = check_body(body, endpoint)
-            plan = plan_request(rt, body, self.metrics)
+            plan = plan_request(rt, body, self.metrics, endpoint)
             route_label = body["model"]
             key = None
             if plan.route and plan.route.store and rcache.cacheable(plan.route.route.cache, body):

@@ -35,6 +35,11 @@ DEFAULT_MODEL = "oculis-minilm-static-v1"
 # (the length signal still sees an estimate of the whole prompt).
 MAX_CHARS = 24_000
 CONTEXT_TOKENS = 128  # earlier turns contribute at most this many pieces
+# A content part the classifier cannot read (an image, audio, a file) counts as this many prompt
+# tokens: about what OpenAI bills for a 1024x1024 image at high detail. The pieces are "unknown", so
+# such prompts get low confidence (escalate) instead of scoring as empty text on the cheapest tier.
+MEDIA_PART_TOKENS = 765
+MEDIA_PARTS = ("image_url", "input_audio", "file")
 NO_TEXT = "no text"
 
 
@@ -164,20 +169,27 @@ class ComplexityClassifier:
 
     def score_messages(self, messages: list[dict[str, Any]]) -> Classification:
         text, context = split_messages(messages)
-        return self.score_text(text, context)
+        media = media_parts(messages)
+        # Not memoised with media: the text alone would be the wrong key, and images are rare.
+        return self._score(text, context, media) if media else self.score_text(text, context)
 
-    def _score(self, text: str, context: str) -> Classification:
+    def _score(self, text: str, context: str, media: int = 0) -> Classification:
         h = self.head
         ids, n_pieces, unk = piece_ids(text)
-        total = n_pieces
+        unreadable = media * MEDIA_PART_TOKENS
+        total = n_pieces + unreadable
         if context:
             tail = context[-CONTEXT_TOKENS * 8 :]
             ctx_ids, n_tail, _ = piece_ids(tail)
             total += round(n_tail * len(context) / max(len(tail), 1))
             ids = np.concatenate([ids, ctx_ids[-CONTEXT_TOKENS:]])
-        if not text.strip():
+        if not unreadable and not text.strip():
             return Classification(0.0, 1.0, total)  # nothing to misjudge: the cheapest tier
-        raw = h.raw(ids, n_pieces)
+        if len(ids):
+            raw = h.raw(ids, n_pieces + unreadable)
+        else:  # media only: the length signal alone, the embedding at its training mean
+            raw = np.full(len(h.biases), (1 - h.blend) * (math.log1p(unreadable) - h.len_mu) / h.len_sd)
+        unk = (unk * n_pieces + unreadable) / max(n_pieces + unreadable, 1)
         complexity = float(h.complexity(raw[:1])[0])
         return Classification(round(complexity, 4), round(h.confidence(raw, unk), 4), total)
 
@@ -190,6 +202,12 @@ def split_messages(messages: list[dict[str, Any]]) -> tuple[str, str]:
         return "", ""
     context = "\n".join(t for _, t in texts[:last] if t)
     return texts[last][1], context
+
+
+def media_parts(messages: list[dict[str, Any]]) -> int:
+    """Content parts of the conversation the classifier cannot read."""
+    return sum(1 for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
+               for p in m["content"] if isinstance(p, dict) and p.get("type") in MEDIA_PARTS)
 
 
 def content_text(content: Any) -> str:

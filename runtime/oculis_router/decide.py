@@ -2,15 +2,26 @@
 
 Pure: no I/O, no metrics. Tiers are tried in order and the first whose rules all hold wins; the
 last tier catches everything. Low classifier confidence moves the request one tier up.
+
+A prompt with image (or audio) parts goes to a tier that declares that modality (`modalities`):
+the first from the decided tier upward, else the nearest below; escalation on upstream errors only
+tries such tiers too. When no tier of the route declares it, the tiers are tried as for text.
+Tiers whose upstream cannot serve the endpoint at all (`skip`: Anthropic for /v1/completions) are
+left out of the order the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from oculis import Route, SemanticTier
 from oculis_router.classify import Classification, ComplexityClassifier
+
+# The modality an OpenAI content part needs from the model.
+PART_MODALITY = {"image_url": "image", "input_audio": "audio"}
+TEXT = frozenset({"text"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +30,7 @@ class Decision:
     index: int
     escalated: bool
     reason: str
+    order: tuple[int, ...] = ()  # tier indices to try, `index` first; empty: no tier can take the request
 
 
 def matches(tier: SemanticTier, c: Classification) -> bool:
@@ -28,15 +40,50 @@ def matches(tier: SemanticTier, c: Classification) -> bool:
     return m.max_prompt_tokens is None or c.prompt_tokens <= m.max_prompt_tokens
 
 
-def choose_tier(route: Route, c: Classification) -> Decision:
+def modalities_of(payload: dict[str, Any]) -> frozenset[str]:
+    """What a request's prompt holds: text, plus image or audio for such content parts."""
+    needs = set(TEXT)
+    for m in payload.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            needs.update(PART_MODALITY[p["type"]] for p in content
+                         if isinstance(p, dict) and p.get("type") in PART_MODALITY)
+    return frozenset(needs)
+
+
+def takes(tier: SemanticTier, needs: frozenset[str]) -> bool:
+    return needs - TEXT <= set(tier.modalities or ())  # every tier takes text, declared or not
+
+
+def tier_order(route: Route, start: int, needs: frozenset[str], skip: Collection[str]) -> tuple[int, ...]:
+    """Tiers to try: from `start` upward, then downward, keeping those that take `needs` when any tier
+    of the route does, and never one whose upstream is in `skip`."""
+    n = len(route.tiers)
+    able = [i for i in range(n) if takes(route.tiers[i], needs)] or list(range(n))
+    up = [i for i in able if i >= start]
+    # Below the decided tier only for a modality: text prompts keep today's "never downward".
+    down = [i for i in reversed(able) if i < start] if needs != TEXT else []
+    return tuple(i for i in up + down if route.tiers[i].upstream not in skip)
+
+
+def choose_tier(route: Route, c: Classification, needs: frozenset[str] = TEXT,
+                skip: Collection[str] = ()) -> Decision:
     index = next((i for i, t in enumerate(route.tiers) if matches(t, c)), len(route.tiers) - 1)
     esc = route.escalation
+    escalated = False
+    reason = f"matched tier {route.tiers[index].name}"
     if (esc.enabled and esc.on_low_confidence and c.confidence < esc.confidence_threshold
             and index < len(route.tiers) - 1):
-        return Decision(route.tiers[index + 1], index + 1, True,
-                        f"confidence {c.confidence:.2f} < {esc.confidence_threshold}: "
-                        f"{route.tiers[index].name} -> {route.tiers[index + 1].name}")
-    return Decision(route.tiers[index], index, False, f"matched tier {route.tiers[index].name}")
+        escalated = True
+        reason = (f"confidence {c.confidence:.2f} < {esc.confidence_threshold}: "
+                  f"{route.tiers[index].name} -> {route.tiers[index + 1].name}")
+        index += 1
+    order = tier_order(route, index, needs, skip)
+    if order and order[0] != index:
+        why = "+".join(sorted(needs - TEXT)) or "the endpoint"
+        reason += f"; {why}: {route.tiers[index].name} -> {route.tiers[order[0]].name}"
+    chosen = order[0] if order else index
+    return Decision(route.tiers[chosen], chosen, escalated, reason, order)
 
 
 class RouteScorer:
@@ -47,7 +94,8 @@ class RouteScorer:
         cfg = route.classifier
         self.classifier = ComplexityClassifier.packaged(cfg.model, cfg.cache_ttl_seconds, cfg.max_entries)
 
-    def score(self, payload: dict[str, Any]) -> tuple[Classification, Decision]:
+    def score(self, payload: dict[str, Any], skip: Collection[str] = ()) -> tuple[Classification, Decision]:
+        """`skip`: upstreams that cannot serve this request's endpoint."""
         if "messages" in payload:
             messages = payload["messages"]
             if not isinstance(messages, list):
@@ -62,4 +110,4 @@ class RouteScorer:
             c = self.classifier.score_text(prompt)
         else:
             raise ValueError("expected `prompt` (string) or `messages` (list)")
-        return c, choose_tier(self.route, c)
+        return c, choose_tier(self.route, c, modalities_of(payload), skip)
