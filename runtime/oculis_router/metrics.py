@@ -16,8 +16,14 @@ class Metrics:
 
     def __post_init__(self) -> None:
         r = self.registry
-        self.requests = Counter("oculis_requests", "Requests by route, tier, upstream and outcome",
+        # Each request is counted once, by its final outcome: ok (after a failover too: the tier and
+        # upstream that answered), cache_hit, client_closed, stream_broken, upstream_<4xx> (relayed),
+        # error_<status> (refused by the router, no tier could answer, or internal: error_500).
+        self.requests = Counter("oculis_requests", "Requests by route, tier, upstream and final outcome",
                                 ["route", "tier", "upstream", "outcome"], registry=r)
+        self.upstream_failures = Counter("oculis_upstream_failures", "Tiers that failed a request after their "
+                                         "retries (it then failed over or got an error)", ["upstream", "kind"],
+                                         registry=r)
         self.classification = Histogram("oculis_classification_seconds", "Prompt classification latency",
                                         ["route"], registry=r,
                                         buckets=(0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05))
