@@ -213,8 +213,9 @@ class Route(RouteBody):
 class RouterConfig(Model):
     """A whole oculis-config.yaml (under its `oculis:` key)."""
 
-    upstreams: list[Upstream] = Field(min_length=1)
-    """Models the router can call"""
+    upstreams: list[Upstream]
+    """Models the router can call. Empty (with no routes) is valid: the router then answers 404 to
+    every model, which is what the operator renders when no route of a ConfigMap can be served"""
     routes: list[Route] = Field(default_factory=list)
     """Semantic routes over the upstreams"""
     server: ServerSettings = Field(default_factory=ServerSettings)
@@ -227,6 +228,12 @@ class RouterConfig(Model):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"{kind} names must be unique; repeated: {', '.join(dupes)}")
+        # Clients name either in `model`, and the router looks upstreams up first, so a shared name
+        # would silently shadow the route.
+        shared = sorted(set(known) & {r.name for r in self.routes})
+        if shared:
+            raise ValueError(f"a route and an upstream cannot share a name (a request for that model would "
+                             f"reach the upstream, never the route); rename one of: {', '.join(shared)}")
         for i, route in enumerate(self.routes):
             for j, tier in enumerate(route.tiers):
                 if tier.upstream not in known:

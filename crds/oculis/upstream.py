@@ -222,6 +222,8 @@ class GPUUpstreamSpec(Model):
             raise ValueError("gpu: a self-hosted (vllm) upstream needs `gpu: {product, count}`")
         if not self.self_hosted and (self.gpu is not None or self.engine is not None):
             raise ValueError("gpu/engine: only self-hosted (vllm) upstreams take `gpu` or `engine`")
+        if self.provider == "openai-compatible" and not self.base_url:
+            raise ValueError(COMPATIBLE_NEEDS_URL)
         e = self.engine
         if e and e.max_num_seqs and e.max_num_batched_tokens and e.max_num_batched_tokens < e.max_num_seqs:
             raise ValueError("engine.maxNumBatchedTokens must be >= engine.maxNumSeqs (vLLM refuses otherwise)")
@@ -230,6 +232,8 @@ class GPUUpstreamSpec(Model):
         return self
 
 
+COMPATIBLE_NEEDS_URL = ("spec.baseURL is required when provider is openai-compatible (it has no public "
+                        "default): set baseURL: http://host:8000/v1")
 SWAP_MESSAGE = (
     "engine.preemptionMode: swap is not supported: vLLM V1 always preempts by recompute (swap was removed "
     "with the V0 engine); set preemptionMode: recompute or leave it unset"
@@ -240,6 +244,8 @@ CEL_RULES: list[dict[str, str]] = [
     {"rule": "self.provider != 'vllm' || has(self.gpu)",
      "message": "spec.gpu is required when provider is vllm: set gpu: {product: H100-80GB, count: 1}",
      "fieldPath": ".gpu"},
+    {"rule": "self.provider != 'openai-compatible' || (has(self.baseURL) && size(self.baseURL) > 0)",
+     "message": COMPATIBLE_NEEDS_URL, "fieldPath": ".baseURL"},
     {"rule": "self.provider == 'vllm' || (!has(self.gpu) && !has(self.engine))",
      "message": "spec.gpu and spec.engine apply only to provider vllm; remove them for external providers"},
     {"rule": "!has(self.engine) || !has(self.engine.maxNumSeqs) || !has(self.engine.maxNumBatchedTokens) "

@@ -28,7 +28,6 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from oculis.inferenceroute import DEFAULT_CONFIG_MAP
 from oculis_operator import reconcile as core
 from oculis_operator import render, rollout, routeconfig
 from oculis_operator.admission import admission_verdict
@@ -104,7 +103,9 @@ def report(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def upstream_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     if type == "DELETED":
-        return  # owner references garbage-collect the workload
+        # Owner references garbage-collect the workload; the routes over it must leave the config.
+        render_routes_or_recheck(memo.kube, body["metadata"]["namespace"], logger)
+        return
     if _only_status_moved(type, body):
         return  # often our own write; the Deployment's events carry rollout progress
     reconcile_named(memo, body["metadata"]["namespace"], body["metadata"]["name"], logger)
@@ -146,31 +147,54 @@ def render_routes_or_recheck(kube: Kube, namespace: str, logger: kopf.Logger) ->
 
 
 def render_routes(kube: Kube, namespace: str, logger: kopf.Logger) -> None:
-    """Re-render the namespace's router config; write the ConfigMap and route statuses only on change."""
+    """Make each router ConfigMap of the namespace equal the routes that name it (written only when
+    the live one differs, hand edits included; deleted when no route names it), then the statuses."""
     with kube.lock_for(namespace, "\x00routes"):
         routes = kube.list_custom(namespace, ROUTES)
-        if not routes:
+        live = {cm["metadata"]["name"]: cm for cm in kube.config_maps(namespace, routeconfig.SELECTOR)}
+        if not routes and not live:
             return
-        out = routeconfig.render_namespace(routes, kube.list_custom(namespace, PLURAL))
+        desired = routeconfig.render_config_maps(routes, kube.list_custom(namespace, PLURAL)) if routes else {}
+        for cm, out in desired.items():
+            current = live[cm] if cm in live else kube.config_map(namespace, cm)  # ours, unlabelled by hand?
+            why = routeconfig.config_map_drift(current, out)
+            if why is None:
+                continue
+            kube.apply_config_map(namespace, cm, out.data, {routeconfig.HASH_ANNOTATION: out.digest},
+                                  exists=current is not None, labels=routeconfig.LABELS, owners=out.owners)
+            logger.info(f"Rendered router config {cm} ({out.digest}): {why}")
+            if why.startswith("edited by hand") or why.startswith("labels"):
+                for route in routes:
+                    if routeconfig.config_map_of(route) == cm:
+                        kopf.warn(route, reason="ConfigMapReverted",  # type: ignore[arg-type]
+                                  message=f"ConfigMap {cm} was {why}; rewritten from the routes that name it")
+        for cm in sorted(live.keys() - desired.keys()):
+            # The last route naming it went away or names another ConfigMap: the router must stop
+            # serving them (garbage collection does the same when the last owner is deleted).
+            kube.delete_config_map(namespace, cm)
+            logger.info(f"Deleted router config {cm}: no InferenceRoute names it any more")
         now = _now()
-        for cm in sorted({(r.get("spec") or {}).get("configMap") or DEFAULT_CONFIG_MAP for r in routes}):
-            current = kube.config_map(namespace, cm)
-            if out.data and (current is None or current.get("data") != out.data):
-                kube.apply_config_map(namespace, cm, out.data, {"oculis.dev/config-hash": out.digest},
-                                      exists=current is not None)
-                logger.info(f"Rendered router config {cm} ({out.digest})")
         for route in routes:
             meta, status = route["metadata"], route.get("status") or {}
-            verdict = out.routes.get(meta["name"])
-            if verdict is None:
+            cm = routeconfig.config_map_of(route)
+            rendered = desired.get(cm)
+            verdict = rendered.routes.get(meta["name"]) if rendered else None
+            if rendered is None or verdict is None:
                 continue
             conds = Conditions(status.get("conditions", []), meta.get("generation", 1), now)
             conds.set("Ready", "True" if verdict.ready else "False", verdict.reason, verdict.message)
             new = {"observedGeneration": meta.get("generation", 1), "conditions": conds.items, "tiers": verdict.tiers,
-                   "configMap": (route.get("spec") or {}).get("configMap") or DEFAULT_CONFIG_MAP,
-                   "configHash": out.digest}
+                   "configMap": cm, "configHash": rendered.digest}
             if _status_changed(status, new):
                 kube.patch_status(namespace, meta["name"], new, ROUTES)
+
+
+@kopf.on.event("", "v1", "configmaps", labels=routeconfig.LABELS)
+def router_config_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                        **_: Any) -> None:
+    # A router ConfigMap edited or deleted by hand is rewritten from the routes; after our own
+    # write this renders once more and finds nothing to do.
+    render_routes_or_recheck(memo.kube, body["metadata"]["namespace"], logger)
 
 
 if WEBHOOK_PORT:

@@ -141,9 +141,16 @@ class Kube:
     def config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._raw(self.core.read_namespaced_config_map, name, namespace)
 
+    def config_maps(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        body = self._raw(self.core.list_namespaced_config_map, namespace, label_selector=label_selector) or {}
+        items: list[dict[str, Any]] = body.get("items", [])
+        return items
+
     def apply_config_map(
-        self, namespace: str, name: str, data: dict[str, str], annotations: dict[str, str], exists: bool
+        self, namespace: str, name: str, data: dict[str, str], annotations: dict[str, str], exists: bool,
+        labels: dict[str, str] | None = None, owners: list[dict[str, Any]] | None = None,
     ) -> None:
+        """Create, or replace whole (so a hand edit of anything we set is undone)."""
         self._count()
         body: Any = {
             "apiVersion": "v1",
@@ -152,7 +159,9 @@ class Kube:
                 "name": name,
                 "namespace": namespace,
                 "annotations": annotations,
-                "labels": {"app.kubernetes.io/managed-by": "oculis", "app.kubernetes.io/component": "router-config"},
+                "labels": labels or {"app.kubernetes.io/managed-by": "oculis",
+                                     "app.kubernetes.io/component": "router-config"},
+                "ownerReferences": owners or [],
             },
             "data": data,
         }
@@ -160,3 +169,11 @@ class Kube:
             self.core.replace_namespaced_config_map(name, namespace, body)
         else:
             self.core.create_namespaced_config_map(namespace, body)
+
+    def delete_config_map(self, namespace: str, name: str) -> None:
+        self._count()
+        try:
+            self.core.delete_namespaced_config_map(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:  # already gone (garbage-collected with its last route): fine
+                raise

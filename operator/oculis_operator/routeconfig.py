@@ -1,17 +1,28 @@
-"""InferenceRoutes + GPUUpstreams of one namespace -> the router's `oculis-config.yaml`. Pure.
+"""InferenceRoutes + GPUUpstreams of one namespace -> the router's `oculis-config.yaml`, one per
+ConfigMap. Pure.
 
-Only routes whose every tier names an existing GPUUpstream are rendered (the others report why in
-their status), and the result is validated with the router's own schema before anyone writes it, so
-the router never receives a config it would reject. An upstream's `revision` is its engine hash, so
-the router's response cache never serves an answer from a replaced model. External providers'
-keys stay in their Secrets: the config names an environment variable per upstream, and
-`secret-env.json` maps each variable to its Secret reference for the router Deployment.
+Each ConfigMap (a route's `spec.configMap`) holds only the routes that name it. A route is left out,
+with the reason in its status, when its spec is invalid, its name is also a GPUUpstream's (a request
+for that model would reach the upstream, never the route), a tier names a missing GPUUpstream or one
+the router could not call; the other routes still render. Each route is checked with the router's
+own schema, and so is the whole result, so the router never receives a config it would reject.
+When no route of a ConfigMap can be served it holds the empty config, which the router accepts and
+answers 404 for every model: the router never keeps serving a route its status says is left out.
+An upstream's `revision` is its engine hash, so the router's response cache never serves an answer
+from a replaced model. External providers' keys stay in their Secrets: the config names an
+environment variable per upstream, and `secret-env.json` maps each variable to its Secret reference
+for the router Deployment.
+
+The ConfigMap is owned (ownerReferences) by the routes that name it, so it is garbage-collected with
+the last of them even while the operator is down; the operator also deletes one that no route names
+any more (the last route moved to another ConfigMap).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,12 +30,18 @@ import yaml
 from pydantic import ValidationError
 
 from oculis.base import format_errors
-from oculis.inferenceroute import InferenceRouteSpec
-from oculis.router import RouterConfig
+from oculis.inferenceroute import DEFAULT_CONFIG_MAP, InferenceRouteSpec
+from oculis.router import RouterConfig, Upstream
 from oculis_operator import render
 from oculis_operator.conditions import condition
 
 CONFIG_KEY, SECRETS_KEY = "oculis-config.yaml", "secret-env.json"
+HASH_ANNOTATION = "oculis.dev/config-hash"  # digest of the data the operator last wrote
+LABELS = {"app.kubernetes.io/managed-by": "oculis", "app.kubernetes.io/component": "router-config"}
+SELECTOR = ",".join(f"{k}={v}" for k, v in LABELS.items())
+ROUTE_API_VERSION, ROUTE_KIND = "oculis.dev/v1alpha1", "InferenceRoute"
+EMPTY: dict[str, Any] = {"oculis": {"upstreams": [], "routes": []}}
+LEFT_OUT = "the route is left out of the router config"
 
 
 @dataclass
@@ -40,6 +57,7 @@ class Rendered:
     data: dict[str, str]  # ConfigMap data
     digest: str
     routes: dict[str, RouteVerdict] = field(default_factory=dict)
+    owners: list[dict[str, Any]] = field(default_factory=list)  # ownerReferences: the routes that name it
 
 
 def key_env(name: str) -> str:
@@ -97,57 +115,125 @@ def not_ready_because(obj: dict[str, Any]) -> str:
     return f"{obj['metadata']['name']} ({condition(obj.get('status'), 'Ready').get('reason', 'not reconciled yet')})"
 
 
+def one_line(exc: ValidationError, root: str = "") -> str:
+    return format_errors(exc, root).replace("\n", "; ")
+
+
+def config_map_of(route: dict[str, Any]) -> str:
+    return (route.get("spec") or {}).get("configMap") or DEFAULT_CONFIG_MAP
+
+
+def data_digest(data: dict[str, str] | None) -> str:
+    return hashlib.sha256(json.dumps(data or {}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def owner_references(routes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Not controller references: several routes own one ConfigMap, and it goes with the last."""
+    return [{"apiVersion": ROUTE_API_VERSION, "kind": ROUTE_KIND, "name": r["metadata"]["name"],
+             "uid": r["metadata"]["uid"]}
+            for r in sorted(routes, key=lambda r: r["metadata"]["name"]) if r["metadata"].get("uid")]
+
+
+def render_config_maps(routes: list[dict[str, Any]], upstreams: list[dict[str, Any]]) -> dict[str, Rendered]:
+    """Every ConfigMap some route names, rendered from only the routes that name it. A route being
+    deleted is already gone (it must leave the router config now, not when its finalizers finish)."""
+    groups: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
+    for route in routes:
+        if not route["metadata"].get("deletionTimestamp"):
+            groups[config_map_of(route)].append(route)
+    return {cm: render_namespace(group, upstreams) for cm, group in sorted(groups.items())}
+
+
+def config_map_drift(current: dict[str, Any] | None, out: Rendered) -> str | None:
+    """Why the live ConfigMap must be (re)written to equal `out`; None when it already does. Compares
+    everything the operator sets, so a hand edit is reverted, not only a change of the routes."""
+    if current is None:
+        return "missing"
+    meta = current.get("metadata") or {}
+    if (current.get("data") or {}) != out.data:
+        written = (meta.get("annotations") or {}).get(HASH_ANNOTATION)
+        return "edited by hand" if written != data_digest(current.get("data")) else "routes changed"
+    owners = {(o.get("kind"), o.get("name"), o.get("uid")) for o in meta.get("ownerReferences") or []}
+    if owners != {(o["kind"], o["name"], o["uid"]) for o in out.owners}:
+        return "owners changed"
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    if any(labels.get(k) != v for k, v in LABELS.items()) or annotations.get(HASH_ANNOTATION) != out.digest:
+        return "labels or annotations edited by hand"
+    return None
+
+
 def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any]]) -> Rendered:
+    """`routes` (those naming one ConfigMap) over the namespace's `upstreams` -> that ConfigMap."""
     by_name = {u["metadata"]["name"]: u for u in upstreams}
     verdicts: dict[str, RouteVerdict] = {}
     rendered_routes: list[dict[str, Any]] = []
     used: set[str] = set()
+    entries: dict[str, tuple[dict[str, Any], dict[str, Any] | None, str | None]] = {}
+
+    def checked(uname: str) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
+        """The upstream's router entry, its Secret env, and why the router would refuse it."""
+        if uname not in entries:
+            entry, secret = upstream_entry(by_name[uname])
+            try:
+                Upstream.model_validate(entry)
+                entries[uname] = (entry, secret, None)
+            except ValidationError as exc:
+                entries[uname] = (entry, secret, one_line(exc))
+        return entries[uname]
+
     for obj in sorted(routes, key=lambda r: r["metadata"]["name"]):
         name = obj["metadata"]["name"]
         try:
             spec = InferenceRouteSpec.model_validate(obj.get("spec", {}))
         except ValidationError as exc:
-            verdicts[name] = RouteVerdict(False, "InvalidSpec", format_errors(exc, "spec").replace("\n", "; "))
+            verdicts[name] = RouteVerdict(False, "InvalidSpec", one_line(exc, "spec"))
             continue
         tiers = ", ".join(f"{t.name}->{t.upstream}" for t in spec.tiers)
+        if name in by_name:
+            verdicts[name] = RouteVerdict(
+                False, "NameCollision",
+                f"a GPUUpstream named {name} exists in this namespace, and a request for model {name} would reach "
+                f"it, never this route; rename the route or the upstream; {LEFT_OUT}", tiers)
+            continue
         missing = [t.upstream for t in spec.tiers if t.upstream not in by_name]
         if missing:
             verdicts[name] = RouteVerdict(
                 False,
                 "UpstreamNotFound",
-                f"no GPUUpstream named {', '.join(missing)} in "
-                "this namespace; the route is left out of the router config",
+                f"no GPUUpstream named {', '.join(missing)} in this namespace; {LEFT_OUT}",
                 tiers,
             )
             continue
-        not_ready = [not_ready_because(by_name[u]) for u in dict.fromkeys(t.upstream for t in spec.tiers)
-                     if not ready(by_name[u])]
+        names = list(dict.fromkeys(t.upstream for t in spec.tiers))
+        broken = [f"GPUUpstream {u}: {checked(u)[2]}" for u in names if checked(u)[2]]
+        if broken:  # only the routes that use a broken upstream pay for it
+            verdicts[name] = RouteVerdict(False, "InvalidUpstream", f"{'; '.join(broken)}; {LEFT_OUT}", tiers)
+            continue
+        not_ready = [not_ready_because(by_name[u]) for u in names if not ready(by_name[u])]
         body = spec.model_dump(exclude={"config_map"}, mode="json")
-        rendered_routes.append({"name": name, **body})
-        used.update(t.upstream for t in spec.tiers)
+        route_doc = {"name": name, **body}
+        try:  # this route alone, with its upstreams, as the router will read it
+            RouterConfig.model_validate({"upstreams": [checked(u)[0] for u in names], "routes": [route_doc]})
+        except ValidationError as exc:
+            verdicts[name] = RouteVerdict(False, "InvalidRouterConfig",
+                                          f"{one_line(exc)}; {LEFT_OUT}", tiers)
+            continue
+        rendered_routes.append(route_doc)
+        used.update(names)
         verdicts[name] = (
             RouteVerdict(False, "UpstreamNotReady", f"rendered, but not Ready yet: {', '.join(not_ready)}", tiers)
             if not_ready
             else RouteVerdict(True, "Rendered", "in the router config", tiers)
         )
-    entries, secrets = [], []
-    for uname in sorted(used):
-        entry, secret = upstream_entry(by_name[uname])
-        entries.append(entry)
-        if secret:
-            secrets.append(secret)
-    data: dict[str, str] = {}
-    if entries:
-        doc = {"oculis": {"upstreams": entries, "routes": rendered_routes}}
-        try:
-            RouterConfig.model_validate(doc["oculis"])  # exactly what the router will accept
-        except ValidationError as exc:
-            for r in rendered_routes:
-                verdicts[r["name"]] = RouteVerdict(
-                    False, "InvalidRouterConfig", format_errors(exc), verdicts[r["name"]].tiers
-                )
-            entries = []
-        else:
-            data = {CONFIG_KEY: yaml.safe_dump(doc, sort_keys=False), SECRETS_KEY: json.dumps(secrets, indent=1)}
-    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-    return Rendered(data, digest, verdicts)
+    doc = {"oculis": {"upstreams": [checked(u)[0] for u in sorted(used)], "routes": rendered_routes}}
+    secrets = [s for u in sorted(used) if (s := checked(u)[1])]
+    try:
+        RouterConfig.model_validate(doc["oculis"])  # exactly what the router will accept
+    except ValidationError as exc:  # each route passed alone; a conflict between them is still refused
+        for r in rendered_routes:
+            verdicts[r["name"]] = RouteVerdict(
+                False, "InvalidRouterConfig", f"{one_line(exc)}; {LEFT_OUT}",
+                verdicts[r["name"]].tiers)
+        doc, secrets = EMPTY, []
+    data = {CONFIG_KEY: yaml.safe_dump(doc, sort_keys=False), SECRETS_KEY: json.dumps(secrets, indent=1)}
+    return Rendered(data, data_digest(data), verdicts, owner_references(routes))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,13 +17,22 @@ class Usage:
     cache_written: int  # prompt tokens written to it (Anthropic's cache_creation_input_tokens)
 
     @classmethod
-    def parse(cls, usage: dict[str, Any] | None) -> Usage | None:
-        """OpenAI-shaped usage (Anthropic's is mapped into it by its provider module)."""
-        if not usage:
+    def parse(cls, usage: Any) -> Usage | None:
+        """OpenAI-shaped usage (Anthropic's is mapped into it by its provider module). It comes from
+        the upstream, so it is data, not trusted: a count that is not a non-negative number (a string,
+        a negative, a list) counts 0 rather than failing the answer it came with."""
+        if not usage or not isinstance(usage, dict):
             return None
-        return cls(prompt=int(usage.get("prompt_tokens") or 0), completion=int(usage.get("completion_tokens") or 0),
-                   cached=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
-                   cache_written=int(usage.get("cache_creation_input_tokens") or 0))
+        details = usage.get("prompt_tokens_details")
+        return cls(prompt=_count(usage.get("prompt_tokens")), completion=_count(usage.get("completion_tokens")),
+                   cached=_count(details.get("cached_tokens") if isinstance(details, dict) else None),
+                   cache_written=_count(usage.get("cache_creation_input_tokens")))
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return 0
+    return int(value)
 
 
 def cost_dollars(pricing: Pricing, u: Usage) -> float:

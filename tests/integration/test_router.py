@@ -235,7 +235,7 @@ def test_hot_reload_keeps_in_flight_requests_and_rejects_bad_config(router: Rout
         pytest.fail("new route never appeared")
     t.join(10)
     assert result["text"].strip() == "a b c d e f from small"  # the in-flight stream finished on the old config
-    router.path.write_text("oculis: {upstreams: []}\n")  # invalid: rejected, the last good config serves
+    router.path.write_text("oculis: {upstreams: [{name: x}]}\n")  # invalid: rejected, the last good config serves
     time.sleep(0.5)
     assert chat(router, "hi", model="new-route").parse().choices[0].message.content == "hello from large"
     text = generate_latest(router.app.state.metrics.registry).decode()

@@ -48,9 +48,9 @@ def test_unknown_route_and_bad_config_exit_2_with_the_cause(tmp_path: Path) -> N
     assert proc.returncode == 2
     assert "unknown route 'nope'; routes in this config: adaptive" in proc.stderr
     bad = tmp_path / "c.yaml"
-    bad.write_text("oculis:\n  upstreams: []\n")
+    bad.write_text("oculis:\n  routes: []\n")
     proc = score("", "--config", str(bad), "--route", "adaptive")
-    assert proc.returncode == 2 and "oculis.upstreams: List should have at least 1 item" in proc.stderr
+    assert proc.returncode == 2 and "oculis.upstreams: Field required" in proc.stderr
     proc = score("", "--config", str(tmp_path / "missing.yaml"), "--route", "adaptive")
     assert proc.returncode == 2 and "cannot read config" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -52,8 +52,3 @@ def test_missing_and_unready_upstreams_are_reported() -> None:
     assert out.routes["a"].reason == "UpstreamNotReady" and not out.routes["a"].ready
     assert out.routes["a"].message == "rendered, but not Ready yet: small (ChangeRefused)"
     assert [r.name for r in parse_config(out.data[routeconfig.CONFIG_KEY]).routes] == ["a"]
-
-
-def test_nothing_to_render_writes_nothing() -> None:
-    out = routeconfig.render_namespace([ir("b", "ghost")], [])
-    assert out.data == {} and out.routes["b"].reason == "UpstreamNotFound"

@@ -26,3 +26,12 @@ def test_cache_writes_and_missing_prices_fall_back_to_the_input_price() -> None:
 def test_no_or_empty_usage_counts_nothing() -> None:
     assert Usage.parse(None) is None and Usage.parse({}) is None
     assert cost_dollars(Pricing(), Usage(10, 10, 0, 0)) == 0.0
+
+
+def test_usage_of_any_shape_counts_what_it_can_and_never_raises() -> None:
+    for odd in ([1, 2], "12", 7, {"prompt_tokens": "12"}, {"prompt_tokens": -5}, {"prompt_tokens": float("nan")},
+                {"prompt_tokens": [1]}, {"prompt_tokens": 3, "prompt_tokens_details": [1]},
+                {"completion_tokens": True}):
+        u = Usage.parse(odd)
+        assert u is None or min(u.prompt, u.completion, u.cached, u.cache_written) >= 0
+    assert Usage.parse({"prompt_tokens": 3, "prompt_tokens_details": "x"}) == Usage(3, 0, 0, 0)
