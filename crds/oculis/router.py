@@ -7,10 +7,10 @@ The same models are the Python API (`from oculis import Route, SemanticTier, ...
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from oculis.base import Model, format_errors
 
@@ -137,11 +137,15 @@ class CacheWhen(Model):
     """Only requests with temperature below this (null: any)"""
 
 
+# The parts an old allow-list `cache.key` could name: still accepted so old configs load, never used.
 CacheKeyPart = Literal["model", "messages", "temperature", "max_tokens", "tools", "prompt"]
-
-
-def _default_cache_key() -> list[CacheKeyPart]:
-    return ["model", "messages", "temperature"]
+# Fields that carry the question itself: `cache.ignore` cannot leave them out of the key, so no
+# configuration can make two different prompts share an answer.
+CACHE_KEY_REQUIRED = ("model", "messages", "prompt", "suffix")
+CACHE_IGNORE_RULE: dict[str, Any] = {
+    "rule": "self.all(f, !(f in " + repr(list(CACHE_KEY_REQUIRED)) + "))",
+    "message": "cache.ignore cannot list " + ", ".join(CACHE_KEY_REQUIRED) + ": they carry the question itself",
+}
 
 
 class ResponseCache(Model):
@@ -151,12 +155,26 @@ class ResponseCache(Model):
     """Cache responses"""
     ttl_seconds: int = Field(3600, ge=1)
     """How long an answer is served from cache"""
-    key: list[CacheKeyPart] = Field(default_factory=_default_cache_key)
-    """Request parts the key is built from"""
+    key: list[CacheKeyPart] = Field(default_factory=list)
+    """Deprecated, no effect: the key is always the whole request less the fields that never change an answer"""
+    ignore: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=32, json_schema_extra={"x-kubernetes-validations": [CACHE_IGNORE_RULE]},
+        description="More request fields left out of the key because here they never change the answer (stream, "
+        "stream_options, user, safety_identifier, metadata, store and prompt_cache_key always are); model, messages, "
+        "prompt and suffix cannot be listed")
     max_entries: int = Field(100_000, ge=1)
     """Bound on cached answers (LRU)"""
     only_when: CacheWhen = Field(default_factory=CacheWhen)
     """Which requests may be cached"""
+
+    @field_validator("ignore")
+    @classmethod
+    def _question_stays_in_the_key(cls, ignore: list[str]) -> list[str]:
+        named = [f for f in ignore if f in CACHE_KEY_REQUIRED]
+        if named:
+            raise ValueError(f"{named[0]!r} carries the question itself and is always part of the cache key; "
+                             "remove it from the list")
+        return ignore
 
 
 class RouteBody(Model):

@@ -123,7 +123,8 @@ class Router:
                     self.metrics.requests.labels(route_label, plan.tier_names[0], plan.tiers[0].name, "cache_hit").inc()
                     hdrs = self.headers(plan, 0, "hit")
                     if body.get("stream"):
-                        return StreamingResponse(_iter(rcache.sse_from_response(hit)), headers=hdrs,
+                        replay = rcache.sse_from_response(hit, endpoint, rcache.stream_wants_usage(body))
+                        return StreamingResponse(_iter(replay), headers=hdrs,
                                                  media_type="text/event-stream")
                     return JSONResponse(hit, headers=hdrs)
             if body.get("stream"):
@@ -206,7 +207,7 @@ class Router:
             self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
             account(self.metrics, up, data.get("usage"))
             self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "ok").inc()
-            if key is not None and plan.route and plan.route.store and i == 0:
+            if key is not None and plan.route and plan.route.store and i == 0 and rcache.storable(endpoint, data):
                 await plan.route.store.set(key, data)
             return JSONResponse(data, headers=self.headers(plan, i, _cache_state(key)))
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
@@ -223,15 +224,16 @@ class Router:
                 self._failed(exc, plan, i, route_label)
                 continue
             store = plan.route.store if (plan.route and key is not None and i == 0) else None
-            gen = self._relay(resp, translator, up, t0, route_label, plan.tier_names[i], store, key)
+            gen = self._relay(resp, translator, up, t0, route_label, plan.tier_names[i], store, key, endpoint)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers=self.headers(plan, i, _cache_state(key)))
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
     async def _relay(self, resp: aiohttp.ClientResponse, translator: Any, up: Upstream, t0: float, route_label: str,
-                     tier: str, store: rcache.Store | None, key: str | None) -> AsyncIterator[bytes]:
+                     tier: str, store: rcache.Store | None, key: str | None,
+                     endpoint: str = "chat") -> AsyncIterator[bytes]:
         """Bytes go to the client as they arrive; a copy is parsed on the side for usage and the cache."""
-        collector = StreamCollector()
+        collector = StreamCollector(endpoint)
         first = True
         outcome = "ok"
         try:
@@ -261,8 +263,9 @@ class Router:
             self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
             self.metrics.requests.labels(route_label, tier, up.name, outcome).inc()
             account(self.metrics, up, collector.usage)
-        if outcome == "ok" and store is not None and key is not None and collector.complete:
-            await store.set(key, collector.response())
+        answer = collector.response()  # None unless the stream can stand for the whole answer
+        if outcome == "ok" and store is not None and key is not None and answer and rcache.storable(endpoint, answer):
+            await store.set(key, answer)
 
 
 def _cache_state(key: str | None) -> str:

@@ -1,7 +1,9 @@
 """Response cache: which requests may be cached, their tenant-scoped keys, and two stores.
 
-A key always carries the tenant and the upstream (name and revision) besides the configured parts,
-so one tenant never gets another's answer and a replaced model never serves its predecessor's.
+A key covers the whole request but a few fields known never to change the answer (ANSWER_NEUTRAL),
+and always the tenant and the upstream (name, revision, model), so two different questions never
+share an answer, one tenant never gets another's and a replaced model never serves its predecessor's.
+Only answers that replay exactly, whole or as a stream, are stored (`storable`).
 Memory store: bounded LRU with TTL (cachetools). Redis store: shared by router replicas; TTL per
 key; its size is bounded by the Redis server's maxmemory with an LRU eviction policy.
 """
@@ -17,9 +19,25 @@ from typing import Any, Protocol
 from cachetools import TTLCache
 
 from oculis import ResponseCache, Upstream
+from oculis.router import CACHE_KEY_REQUIRED
+from oculis_router.sse import StreamCollector, chunks_of, encode
 
 OPENAI_DEFAULT_TEMPERATURE = 1.0
 log = logging.getLogger("oculis.router")
+
+# Request fields that never change the answer, so they stay out of every key; each with the reason.
+# Every other field is in the key: a field the router does not know yet splits the cache (a miss at
+# worst) instead of making two different questions share an answer. Keep `ResponseCache.ignore`'s
+# description (crds/oculis/router.py) in step: a test compares them.
+ANSWER_NEUTRAL: dict[str, str] = {
+    "stream": "the cached answer is replayed whole or as a stream, whichever this request asks",
+    "stream_options": "frames a stream only (whether a usage chunk ends it); a replay follows this request's own",
+    "user": "an end-user id for the provider's abuse monitoring, not an input of the model",
+    "safety_identifier": "the successor of `user`, for the same monitoring",
+    "metadata": "tags for the provider's stored-completions dashboard, not seen by the model",
+    "store": "whether the provider keeps a copy of the answer, not what the answer is",
+    "prompt_cache_key": "picks which provider prompt cache serves the prefix: faster, the same answer",
+}
 
 
 def cacheable(cfg: ResponseCache, body: dict[str, Any]) -> bool:
@@ -33,12 +51,61 @@ def cacheable(cfg: ResponseCache, body: dict[str, Any]) -> bool:
     return bool(body.get("n", 1) == 1)
 
 
+def key_fields(cfg: ResponseCache, body: dict[str, Any]) -> dict[str, Any]:
+    """What of a request its key covers: the whole body but the answer-neutral fields and the route's
+    `cache.ignore` (which can never name the question itself: CACHE_KEY_REQUIRED). `null` is unset,
+    as the OpenAI API reads it. `cache.key`, the old allow-list, is deprecated and not read: it let
+    requests that differ in `prompt`, `response_format`, `tools`... share one answer."""
+    left_out = (ANSWER_NEUTRAL.keys() | set(cfg.ignore)) - set(CACHE_KEY_REQUIRED)
+    return {k: v for k, v in body.items() if k not in left_out and v is not None}
+
+
 def cache_key(cfg: ResponseCache, body: dict[str, Any], tenant: str, upstream: Upstream, endpoint: str) -> str:
-    parts: dict[str, Any] = {p: body.get(p) for p in cfg.key}
-    parts.update(tenant=tenant, upstream=upstream.name, revision=upstream.revision, model=upstream.model,
-                 endpoint=endpoint, route_model=body.get("model"))
+    parts: dict[str, Any] = {
+        "request": key_fields(cfg, body), "endpoint": endpoint, "tenant": tenant,
+        # What the upstream's config feeds into the answer besides the request.
+        "upstream": upstream.name, "revision": upstream.revision, "provider": upstream.provider,
+        "model": upstream.model, "default_max_tokens": upstream.default_max_tokens,
+    }
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "oculis:rc:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _pruned(value: Any) -> Any:
+    """`value` without null, empty-list and empty-object fields: the ones a stream does not carry and a
+    non-streamed answer writes out (`"refusal": null`, `"annotations": []`), which mean the same."""
+    if isinstance(value, dict):
+        kept = {k: _pruned(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v is not None and v != [] and v != {}}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value
+
+
+def storable(endpoint: str, answer: dict[str, Any]) -> bool:
+    """Whether `answer` can be replayed exactly, whole and as a stream: it survives being cut into
+    chunks and rebuilt from them. Not cached, because a replay would lose part of them: answers with
+    fields a stream has no place for (`message.audio`, non-empty `annotations`, unknown structured
+    fields), answers without usage, answers with no choices, and (see StreamCollector.response)
+    streams that did not finish, carried an error event or a chunk the rebuild cannot keep."""
+    if not isinstance(answer.get("choices"), list) or not answer["choices"]:
+        return False
+    if not all(isinstance(c, dict) for c in answer["choices"]):
+        return False
+    rebuilt = StreamCollector(endpoint)
+    for chunk in encode(chunks_of(answer, endpoint)):
+        rebuilt.feed(chunk)
+    again = rebuilt.response()
+    return again is not None and _pruned(again) == _pruned(answer)
+
+
+def stream_wants_usage(body: dict[str, Any]) -> bool:
+    """Whether a live stream of this request ends with a usage chunk, so its replay does too: the router
+    asks for one when the client set no `stream_options` (openai_compat), else the client decides."""
+    opts = body.get("stream_options")
+    if opts is None:
+        return True
+    return isinstance(opts, dict) and bool(opts.get("include_usage"))
 
 
 class Store(Protocol):
@@ -101,17 +168,7 @@ class RedisStore:
         await self._redis.aclose()
 
 
-def sse_from_response(resp: dict[str, Any]) -> list[bytes]:
-    """A cached chat completion replayed as a valid OpenAI SSE stream."""
-    base = {"id": resp.get("id", "chatcmpl-cached"), "object": "chat.completion.chunk",
-            "created": resp.get("created", 0), "model": resp.get("model", "")}
-    out = []
-    for choice in resp.get("choices", []):
-        msg = choice.get("message", {})
-        delta = {"role": msg.get("role", "assistant"), "content": msg.get("content", "")}
-        out.append({**base, "choices": [{"index": choice.get("index", 0), "delta": delta, "finish_reason": None}]})
-        out.append({**base, "choices": [{"index": choice.get("index", 0), "delta": {},
-                                         "finish_reason": choice.get("finish_reason", "stop")}]})
-    if resp.get("usage"):
-        out.append({**base, "choices": [], "usage": resp["usage"]})
-    return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in out] + [b"data: [DONE]\n\n"]
+def sse_from_response(resp: dict[str, Any], endpoint: str = "chat", include_usage: bool = True) -> list[bytes]:
+    """A cached answer replayed as the stream its endpoint sends (`chat.completion.chunk` with
+    tool-call deltas and logprobs, or `text_completion` chunks)."""
+    return encode(chunks_of(resp, endpoint, include_usage))

@@ -1,51 +1,223 @@
-"""Server-sent events of a chat completion stream, read on the side while they are relayed."""
+"""Server-sent events of OpenAI answers, both ways: a stream read on the side while it is relayed is
+rebuilt into the answer a non-streamed request would have got (`StreamCollector`, for usage and the
+cache), and a whole answer is cut into the chunks a stream would have carried (`chunks_of`, to replay
+a cached answer as a stream).
+
+Both endpoints: `chat` (`chat.completion` / `chat.completion.chunk`, with tool-call deltas merged by
+index) and `completions` (`text_completion` objects and chunks). Whatever a chunk carries that the
+rebuild does not know how to keep (an unknown structured field, an error event, JSON that does not
+parse) marks the rebuild unfaithful instead of being dropped silently; the cache then leaves it out.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any
 
+ANSWER_OBJECT = {"chat": "chat.completion", "completions": "text_completion"}
+CHUNK_OBJECT = {"chat": "chat.completion.chunk", "completions": "text_completion"}
+# Top-level fields that are the same in every chunk and in the whole answer.
+META = ("id", "created", "model", "system_fingerprint", "service_tier")
+# OpenAI pads chunks with random-length `obfuscation` text against length side channels: not part of
+# the answer, and the non-streamed answer has none.
+PADDING = ("obfuscation",)
+# Choice fields that say why generation ended; the last non-null one wins (vLLM adds `stop_reason`,
+# the matched stop string or token).
+ENDINGS = ("finish_reason", "stop_reason")
+
 
 class StreamCollector:
-    """Rebuilds a chat completion from its SSE chunks (for usage and for caching streams)."""
+    """Rebuilds the whole answer of one endpoint from its SSE chunks, fed in any pieces."""
 
-    def __init__(self) -> None:
+    def __init__(self, endpoint: str = "chat") -> None:
+        self.endpoint = endpoint
         self._buf = b""
         self.usage: dict[str, Any] | None = None
-        self.content: list[str] = []
         self.meta: dict[str, Any] = {}
-        self.finish: str | None = None
-        self.complete = False
+        self.complete = False  # the stream reached `data: [DONE]`
+        self.faithful = True  # False once a chunk carried something the rebuilt answer would lose
+        self._choices: dict[int, dict[str, Any]] = {}
+        self._calls: dict[int, dict[int, dict[str, Any]]] = {}  # choice index -> tool call index -> call
 
     def feed(self, data: bytes) -> None:
-        self._buf += data
+        # SSE allows CRLF line ends; normalised on the whole buffer so a CR and LF split across feeds still pair up.
+        self._buf = (self._buf + data).replace(b"\r\n", b"\n")
         while b"\n\n" in self._buf:
             event, self._buf = self._buf.split(b"\n\n", 1)
             for line in event.split(b"\n"):
                 if not line.startswith(b"data:"):
-                    continue
+                    continue  # comments (keep-alives), `event:` and `id:` lines carry no answer
                 payload = line[5:].strip()
                 if payload == b"[DONE]":
                     self.complete = True
                     continue
-                with contextlib.suppress(ValueError):
-                    self._take(json.loads(payload))
+                try:
+                    chunk = json.loads(payload)
+                except ValueError:
+                    self.faithful = False
+                    continue
+                if isinstance(chunk, dict):
+                    self._take(chunk)
+                else:
+                    self.faithful = False
 
     def _take(self, chunk: dict[str, Any]) -> None:
-        self.meta = {k: chunk.get(k) for k in ("id", "created", "model")}
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                self.content.append(delta["content"])
-            if choice.get("text"):
-                self.content.append(choice["text"])
-            if choice.get("finish_reason"):
-                self.finish = choice["finish_reason"]
+        for k, v in chunk.items():
+            if k == "usage":
+                if v:
+                    self.usage = v
+            elif k in META:
+                if v is not None:
+                    self.meta[k] = v
+            elif k in ("object", "choices", *PADDING):
+                continue
+            elif v is not None:
+                self.faithful = False  # e.g. an `error` event mid-stream
+        choices = chunk.get("choices")
+        if choices is None:
+            return
+        if not isinstance(choices, list):
+            self.faithful = False
+            return
+        for choice in choices:
+            index = choice.get("index", 0) if isinstance(choice, dict) else None
+            if not isinstance(index, int):
+                self.faithful = False
+                continue
+            self._take_choice(index, choice)
 
-    def response(self) -> dict[str, Any]:
-        return {**self.meta, "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(self.content)},
-                             "finish_reason": self.finish or "stop"}], "usage": self.usage}
+    def _take_choice(self, index: int, choice: dict[str, Any]) -> None:
+        acc = self._choices.setdefault(index, {"index": index})
+        for k, v in choice.items():
+            if k == "index" or v is None:
+                continue
+            if k in ENDINGS:
+                acc[k] = v
+            elif k == "logprobs":
+                self._take_logprobs(acc, v)
+            elif k == "delta" and self.endpoint == "chat" and isinstance(v, dict):
+                self._take_delta(index, acc.setdefault("message", {}), v)
+            elif k == "text" and self.endpoint == "completions" and isinstance(v, str):
+                acc["text"] = acc.get("text", "") + v
+            else:
+                self.faithful = False
+
+    def _take_logprobs(self, acc: dict[str, Any], logprobs: Any) -> None:
+        """Chat (`content`, `refusal`) and legacy completions (`tokens`, `token_logprobs`,
+        `top_logprobs`, `text_offset`) logprobs alike are lists per token: concatenated."""
+        if not isinstance(logprobs, dict):
+            self.faithful = False
+            return
+        merged = acc.setdefault("logprobs", {})
+        for k, v in logprobs.items():
+            if isinstance(v, list):
+                merged[k] = merged.get(k, []) + v
+            elif v is not None:
+                self.faithful = False
+
+    def _take_delta(self, index: int, msg: dict[str, Any], delta: dict[str, Any]) -> None:
+        for k, v in delta.items():
+            if v is None:
+                continue
+            if k == "tool_calls" and isinstance(v, list):
+                self._take_tool_calls(self._calls.setdefault(index, {}), v)
+            elif k == "function_call" and isinstance(v, dict):  # the legacy single call
+                self._take_function(msg.setdefault("function_call", {}), v)
+            elif k == "role" and isinstance(v, str):
+                msg["role"] = v
+            elif isinstance(v, str):  # content, refusal, reasoning_content...: text streamed in pieces
+                msg[k] = msg.get(k, "") + v
+            else:
+                self.faithful = False
+
+    def _take_tool_calls(self, calls: dict[int, dict[str, Any]], deltas: list[Any]) -> None:
+        """A call's first delta brings its id, type and name; later ones append to its arguments."""
+        for d in deltas:
+            index = d.get("index", 0) if isinstance(d, dict) else None
+            if not isinstance(index, int):
+                self.faithful = False
+                continue
+            call = calls.setdefault(index, {})
+            for k, v in d.items():
+                if k == "index" or v is None:
+                    continue
+                if k in ("id", "type") and isinstance(v, str):
+                    call.setdefault(k, v)
+                elif k == "function" and isinstance(v, dict):
+                    self._take_function(call.setdefault("function", {}), v)
+                else:
+                    self.faithful = False
+
+    def _take_function(self, fn: dict[str, Any], delta: dict[str, Any]) -> None:
+        for k, v in delta.items():
+            if v is None:
+                continue
+            if k in ("name", "arguments") and isinstance(v, str):
+                fn[k] = fn.get(k, "") + v
+            else:
+                self.faithful = False
+
+    def response(self) -> dict[str, Any] | None:
+        """The answer a non-streamed request would have got, or None when this stream cannot stand for
+        it: unfinished, a chunk the rebuild would lose, no choices, or no usage chunk (a client that
+        set `stream_options.include_usage: false`; a non-streamed answer always carries usage)."""
+        if not (self.complete and self.faithful and self._choices and self.usage):
+            return None
+        choices = []
+        for index in sorted(self._choices):
+            acc = self._choices[index]
+            choice: dict[str, Any] = {"index": index}
+            if self.endpoint == "chat":
+                msg = acc.get("message", {})
+                message = {"role": msg.get("role", "assistant"), "content": msg.get("content"),
+                           **{k: v for k, v in msg.items() if k not in ("role", "content")}}
+                calls = self._calls.get(index)
+                if calls:
+                    message["tool_calls"] = [calls[i] for i in sorted(calls)]
+                choice["message"] = message
+            else:
+                choice["text"] = acc.get("text", "")
+            choice["logprobs"] = acc.get("logprobs")
+            for k in ENDINGS:
+                if k in acc or k == "finish_reason":
+                    choice[k] = acc.get(k)
+            choices.append(choice)
+        return {**self.meta, "object": ANSWER_OBJECT[self.endpoint], "choices": choices, "usage": self.usage}
+
+
+def chunks_of(answer: dict[str, Any], endpoint: str = "chat", include_usage: bool = True) -> list[dict[str, Any]]:
+    """The chunks a stream of `answer` carries: per choice its text (with its logprobs), each tool call
+    whole, the finish reason; then the usage chunk when the request wants one. Fields a stream has no
+    place for are not carried: `cache.storable` refuses answers that have any."""
+    base = {"id": answer.get("id"), "object": CHUNK_OBJECT[endpoint], "created": answer.get("created"),
+            "model": answer.get("model"),
+            **{k: answer[k] for k in META[3:] if answer.get(k) is not None}}
+    out: list[dict[str, Any]] = []
+
+    def emit(index: int, **fields: Any) -> None:
+        out.append({**base, "choices": [{"index": index, **fields}]})
+
+    for choice in answer.get("choices") or []:
+        index = choice.get("index", 0)
+        logprobs = choice.get("logprobs")
+        endings = {k: choice[k] for k in ENDINGS[1:] if choice.get(k) is not None}
+        if endpoint == "chat":
+            msg = choice.get("message") or {}
+            first = {"role": msg.get("role", "assistant"), "content": msg.get("content"),
+                     **{k: v for k, v in msg.items() if k not in ("role", "content") and isinstance(v, str)}}
+            emit(index, delta=first, logprobs=logprobs, finish_reason=None)
+            for i, call in enumerate(msg.get("tool_calls") or []):
+                emit(index, delta={"tool_calls": [{"index": i, **call}]}, logprobs=None, finish_reason=None)
+            if msg.get("function_call"):
+                emit(index, delta={"function_call": msg["function_call"]}, logprobs=None, finish_reason=None)
+            emit(index, delta={}, logprobs=None, finish_reason=choice.get("finish_reason"), **endings)
+        else:
+            emit(index, text=choice.get("text", ""), logprobs=logprobs, finish_reason=None)
+            emit(index, text="", logprobs=None, finish_reason=choice.get("finish_reason"), **endings)
+    if include_usage and answer.get("usage"):
+        out.append({**base, "choices": [], "usage": answer["usage"]})
+    return out
+
+
+def encode(chunks: list[dict[str, Any]]) -> list[bytes]:
+    return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
