@@ -26,11 +26,14 @@ from oculis_router import cache as rcache
 from oculis_router.errors import APIError, bad_request
 from oculis_router.inbound import check_body, check_client_key, disconnected, read_body, tenant_of
 from oculis_router.metrics import Metrics
+from oculis_router.providers import relayed_headers
 from oculis_router.sse import StreamCollector
 from oculis_router.state import ConfigHolder, RouteRuntime, Runtime, describe
 from oculis_router.upstreams import Caller, UpstreamFailed, UpstreamRejected
 from oculis_router.usage import Usage, cost_dollars
 
+# Proxies (nginx ingress, CDNs) buffer or cache responses unless told not to; a stream must flow.
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 WATCH_CLIENT_AFTER_S = 0.25  # non-streamed answers slower than this are cancelled if the client leaves
 log = logging.getLogger("oculis.router")
 
@@ -94,9 +97,10 @@ class Router:
         return self.client_keys_env or rt.config.server.client_keys_env
 
     def headers(self, plan: Plan, i: int, cache: str) -> dict[str, str]:
-        h = {"x-oculis-route": plan.route.route.name if plan.route else "", "x-oculis-tier": plan.tier_names[i],
-             "x-oculis-upstream": plan.tiers[i].name, "x-oculis-cache": cache,
+        h = {"x-oculis-tier": plan.tier_names[i], "x-oculis-upstream": plan.tiers[i].name, "x-oculis-cache": cache,
              "x-oculis-escalated": "true" if plan.escalated or i > 0 else "false"}
+        if plan.route:  # a call that names an upstream has no route, and gets no empty header for it
+            h["x-oculis-route"] = plan.route.route.name
         if plan.complexity is not None:
             h["x-oculis-complexity"] = f"{plan.complexity:.4f}"
         return h
@@ -124,7 +128,7 @@ class Router:
                     hdrs = self.headers(plan, 0, "hit")
                     if body.get("stream"):
                         replay = rcache.sse_from_response(hit, endpoint, rcache.stream_wants_usage(body))
-                        return StreamingResponse(_iter(replay), headers=hdrs,
+                        return StreamingResponse(_iter(replay), headers={**hdrs, **SSE_HEADERS},
                                                  media_type="text/event-stream")
                     return JSONResponse(hit, headers=hdrs)
             if body.get("stream"):
@@ -144,8 +148,10 @@ class Router:
         """The upstream refused the request itself: relay its answer, not retried, not escalated."""
         up = plan.tiers[i]
         self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, f"upstream_{rej.status}").inc()
-        return Response(rej.body, status_code=rej.status, media_type="application/json",
-                        headers=self.headers(plan, i, _cache_state(key)))
+        # Relayed as the upstream answered it: an HTML error page is not labelled JSON.
+        ctype = next((v for k, v in rej.headers.items() if k.lower() == "content-type"), "application/json")
+        return Response(rej.body, status_code=rej.status, headers={
+            **relayed_headers(rej.headers), **self.headers(plan, i, _cache_state(key)), "content-type": ctype})
 
     def _failed(self, exc: UpstreamFailed, plan: Plan, i: int, route_label: str) -> None:
         """Count a tier that failed after its retries; return to try the next tier, or raise the 502."""
@@ -198,7 +204,8 @@ class Router:
         for i, up in enumerate(plan.tiers):
             t0 = time.perf_counter()
             try:
-                data = await self.caller.complete(up, endpoint, body)
+                seen: dict[str, str] = {}  # the upstream's request id and rate-limit headers, for the client
+                data = await self.caller.complete(up, endpoint, body, headers_out=seen)
             except UpstreamRejected as rej:
                 return self._rejected(rej, plan, i, key, route_label)
             except UpstreamFailed as exc:
@@ -209,7 +216,7 @@ class Router:
             self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "ok").inc()
             if key is not None and plan.route and plan.route.store and i == 0 and rcache.storable(endpoint, data):
                 await plan.route.store.set(key, data)
-            return JSONResponse(data, headers=self.headers(plan, i, _cache_state(key)))
+            return JSONResponse(data, headers={**seen, **self.headers(plan, i, _cache_state(key))})
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
     async def _stream(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
@@ -225,8 +232,8 @@ class Router:
                 continue
             store = plan.route.store if (plan.route and key is not None and i == 0) else None
             gen = self._relay(resp, translator, up, t0, route_label, plan.tier_names[i], store, key, endpoint)
-            return StreamingResponse(gen, media_type="text/event-stream",
-                                     headers=self.headers(plan, i, _cache_state(key)))
+            return StreamingResponse(gen, media_type="text/event-stream", headers={
+                **relayed_headers(resp.headers), **self.headers(plan, i, _cache_state(key)), **SSE_HEADERS})
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
     async def _relay(self, resp: aiohttp.ClientResponse, translator: Any, up: Upstream, t0: float, route_label: str,
@@ -298,6 +305,19 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
             return err.response()
         return JSONResponse({"object": "list", "data": describe(holder.current)})
 
+    async def model(request: Request) -> Response:
+        """`GET /v1/models/{id}` (the SDKs' models.retrieve): the model object, or an OpenAI 404."""
+        try:
+            check_client_key(request, router.keys_env(holder.current))
+            wanted = request.path_params["model_id"]
+            found = next((m for m in describe(holder.current) if m["id"] == wanted), None)
+            if found is None:
+                raise APIError(404, f"the model {wanted!r} does not exist: GET /v1/models lists the routes and "
+                               "upstreams", param="model", code="model_not_found")
+        except APIError as err:
+            return err.response()
+        return JSONResponse(found)
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -321,7 +341,7 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
     async def not_found(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 404)
         return APIError(status, f"{request.method} {request.url.path}: no such endpoint here "
-                        "(POST /v1/chat/completions, POST /v1/completions, GET /v1/models)",
+                        "(POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id})",
                         code="not_found").response()
 
     async def internal(request: Request, exc: Exception) -> Response:
@@ -332,6 +352,7 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
         HTTPRoute("/v1/chat/completions", chat, methods=["POST"]),
         HTTPRoute("/v1/completions", completions, methods=["POST"]),
         HTTPRoute("/v1/models", models, methods=["GET"]),
+        HTTPRoute("/v1/models/{model_id:path}", model, methods=["GET"]),
         HTTPRoute("/healthz", healthz, methods=["GET"]),
         HTTPRoute("/readyz", readyz, methods=["GET"]),
     ], lifespan=lifespan)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from oculis import Upstream
-from oculis_router.providers import anthropic, openai_compat
+from oculis_router.providers import anthropic, openai_compat, relayed_headers
 
 
 class Retryable(Exception):
@@ -33,9 +33,10 @@ class UpstreamFailed(Exception):
 class UpstreamRejected(Exception):
     """The upstream refused the request itself (4xx): relayed to the client as is."""
 
-    def __init__(self, status: int, body: bytes) -> None:
+    def __init__(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(f"upstream answered {status}")
         self.status, self.body = status, body
+        self.headers = dict(headers or {})  # its content-type and request id go to the client too
 
 
 def provider_of(up: Upstream) -> Any:
@@ -77,7 +78,8 @@ class Caller:
         raise AssertionError("unreachable")
 
     async def complete(self, up: Upstream, endpoint: str, body: dict[str, Any],
-                       retries: int | None = None) -> dict[str, Any]:
+                       retries: int | None = None, headers_out: dict[str, str] | None = None) -> dict[str, Any]:
+        """The answer; `headers_out` receives the answer's headers the client gets too (relayed_headers)."""
         if why := missing_key(up):
             raise UpstreamFailed(why)
         prov = provider_of(up)
@@ -87,17 +89,19 @@ class Caller:
             try:
                 async with self.http.post(url, headers=headers, json=payload,
                                           timeout=aiohttp.ClientTimeout(total=up.timeout_seconds)) as r:
-                    content, status = await r.read(), r.status
+                    content, status, got = await r.read(), r.status, r.headers
             except NETWORK_ERRORS as exc:
                 raise Retryable(type(exc).__name__) from exc
             if status == 429 or status >= 500:
                 raise Retryable(f"status {status}")
             if status >= 400:
-                raise UpstreamRejected(status, content)
+                raise UpstreamRejected(status, content, got)
             try:
                 data: dict[str, Any] = prov.parse_response(endpoint, json.loads(content))
             except ValueError as exc:
                 raise Retryable("the upstream answered with invalid JSON") from exc
+            if headers_out is not None:
+                headers_out.update(relayed_headers(got))
             return data
 
         return await self._with_retries(up, once, retries)
@@ -122,7 +126,7 @@ class Caller:
             if resp.status >= 400:
                 content = await resp.read()
                 resp.release()
-                raise UpstreamRejected(resp.status, content)
+                raise UpstreamRejected(resp.status, content, resp.headers)
             return resp, anthropic.StreamTranslator() if up.provider == "anthropic" else None
 
         return await self._with_retries(up, once, retries)

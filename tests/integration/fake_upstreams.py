@@ -52,6 +52,34 @@ class Script:
     cached_tokens: int = 0
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    # Opt-in answers that depend on the request, as a real model's do (the cache-fidelity tests):
+    echo_question: bool = False  # reply "answer to <last user message or prompt> (<calls so far>)"
+    call_tools: bool = False  # a request with `tools` is answered with a call of the first one
+    give_logprobs: bool = False  # a request with `logprobs` gets one logprob per reply word
+
+
+def question_of(body: dict[str, Any]) -> str:
+    if "prompt" in body:
+        return str(body["prompt"])
+    users = [m.get("content") for m in body.get("messages", []) if m.get("role") == "user"]
+    return str(users[-1]) if users else ""
+
+
+def answer_parts(script: Script, name: str, body: dict[str, Any]) -> tuple[str, dict[str, Any] | None, bool]:
+    """The reply text, a tool call (or None) and whether logprobs go with it."""
+    reply = f"{script.reply} from {name}"
+    if script.echo_question:
+        reply = f"answer to {question_of(body)!r} ({len(script.received)})"
+    call = None
+    if script.call_tools and body.get("tools"):
+        fn = body["tools"][0]["function"]["name"]
+        call = {"id": f"call_{len(script.received)}", "type": "function",
+                "function": {"name": fn, "arguments": '{"city": "Paris"}'}}
+    return reply, call, bool(script.give_logprobs and body.get("logprobs"))
+
+
+def word_logprobs(words: list[str]) -> list[dict[str, Any]]:
+    return [{"token": w, "logprob": -0.5, "bytes": list(w.encode()), "top_logprobs": []} for w in words]
 
 
 def openai_app(name: str, script: Script) -> Starlette:
@@ -62,7 +90,7 @@ def openai_app(name: str, script: Script) -> Starlette:
         if script.fail_times > 0:
             script.fail_times -= 1
             return JSONResponse({"error": {"message": "overloaded"}}, status_code=script.fail_status)
-        reply = f"{script.reply} from {name}"
+        reply, call, with_logprobs = answer_parts(script, name, body)
         usage = {
             "prompt_tokens": 10,
             "completion_tokens": 3,
@@ -73,11 +101,21 @@ def openai_app(name: str, script: Script) -> Starlette:
 
             async def gen() -> AsyncIterator[bytes]:
                 base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": body["model"]}
-                for piece in reply.split(" "):
+                if call:  # as OpenAI streams a call: id and name first, then the arguments in pieces
+                    args = call["function"]["arguments"]
+                    for d in ({**call, "function": {"name": call["function"]["name"], "arguments": ""}},
+                              {"function": {"arguments": args[:5]}}, {"function": {"arguments": args[5:]}}):
+                        delta: dict[str, Any] = {"role": "assistant", "content": None} if "id" in d else {}
+                        delta["tool_calls"] = [{"index": 0, **d}]
+                        yield b"data: " + json.dumps({**base, "choices": [
+                            {"index": 0, "delta": delta, "finish_reason": None}]}).encode() + b"\n\n"
+                for piece in [] if call else reply.split(" "):
                     chunk = {
                         **base,
                         "choices": [{"index": 0, "delta": {"content": piece + " "}, "finish_reason": None}],
                     }
+                    if with_logprobs:
+                        chunk["choices"][0]["logprobs"] = {"content": word_logprobs([piece + " "])}
                     try:
                         yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
                         await asyncio.sleep(script.stream_delay)
@@ -86,7 +124,8 @@ def openai_app(name: str, script: Script) -> Starlette:
                         raise
                 yield (
                     b"data: "
-                    + json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).encode()
+                    + json.dumps({**base, "choices": [{"index": 0, "delta": {},
+                                                       "finish_reason": "tool_calls" if call else "stop"}]}).encode()
                     + b"\n\n"
                 )
                 if (body.get("stream_options") or {}).get("include_usage"):
@@ -105,21 +144,57 @@ def openai_app(name: str, script: Script) -> Starlette:
                 "created": int(time.time()),
                 "model": body["model"],
                 "usage": usage,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": None, "tool_calls": [call]}
+                        if call
+                        else {"role": "assistant", "content": reply},
+                        "finish_reason": "tool_calls" if call else "stop",
+                        **({"logprobs": {"content": word_logprobs(reply.split(" "))}} if with_logprobs else {}),
+                    }
+                ],
             }
         )
 
     async def completions(request: Request) -> Response:
         body = await request.json()
         script.received.append(body)
+        text, _, with_logprobs = answer_parts(script, name, body)
+        if body.get("echo"):
+            text = str(body.get("prompt")) + text
+        usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+
+        def logprobs(words: list[str]) -> dict[str, Any] | None:
+            return {"tokens": words, "token_logprobs": [-0.5] * len(words), "top_logprobs": [None] * len(words),
+                    "text_offset": list(range(len(words)))} if with_logprobs else None
+
+        if body.get("stream"):  # text_completion chunks, as vLLM and OpenAI stream them
+
+            async def gen() -> AsyncIterator[bytes]:
+                base = {"id": "t1", "object": "text_completion", "created": 1, "model": body["model"]}
+                words = [w + " " for w in text.split(" ")]
+                for w in words:
+                    choice = {"index": 0, "text": w, "logprobs": logprobs([w]), "finish_reason": None}
+                    yield b"data: " + json.dumps({**base, "choices": [choice]}).encode() + b"\n\n"
+                end = {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}
+                yield b"data: " + json.dumps({**base, "choices": [end]}).encode() + b"\n\n"
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    yield b"data: " + json.dumps({**base, "choices": [], "usage": usage}).encode() + b"\n\n"
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(gen(), media_type="text/event-stream")
+        choice = {"index": 0, "text": text, "finish_reason": "stop"}
+        if with_logprobs:
+            choice["logprobs"] = logprobs(text.split(" "))
         return JSONResponse(
             {
                 "id": "t1",
                 "object": "text_completion",
                 "created": 1,
                 "model": body["model"],
-                "choices": [{"index": 0, "text": f"{script.reply} from {name}", "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+                "choices": [choice],
+                "usage": usage,
             }
         )
 
@@ -191,6 +266,94 @@ def anthropic_app(script: Script) -> Starlette:
                 "usage": usage,
             }
         )
+
+    return Starlette(routes=[Route("/v1/messages", messages, methods=["POST"])])
+
+# ---- API fidelity fakes: what the router forwards, and answers with tool calls and headers ----------
+
+REQUEST_HEADERS = {"x-request-id": "req-fake-1", "x-ratelimit-remaining-requests": "99",
+                   "x-ratelimit-limit-tokens": "30000", "anthropic-ratelimit-requests-remaining": "49"}
+
+
+@dataclass
+class Recorder:
+    """What a fidelity fake received, and how it answers."""
+
+    received: list[dict[str, Any]] = field(default_factory=list)
+    tool_use: dict[str, Any] | None = None  # Anthropic: answer a request with tools by this call {name, input}
+    html_error: int = 0  # OpenAI: answer with this status and an HTML page (as a proxy in front might)
+
+
+def fidelity_openai_app(rec: Recorder) -> Starlette:
+    """Echoes nothing: records the body, answers with a request id and rate-limit headers."""
+
+    async def endpoint(request: Request) -> Response:
+        body = await request.json()
+        rec.received.append(body)
+        if rec.html_error:
+            return Response(b"<html><body>404 Not Found</body></html>", status_code=rec.html_error,
+                            media_type="text/html", headers=REQUEST_HEADERS)
+        base = {"id": "c1", "created": 1, "model": body.get("model")}
+        if body.get("stream"):
+            async def gen() -> AsyncIterator[bytes]:
+                for delta, finish in (({"role": "assistant", "content": "ok"}, None), ({}, "stop")):
+                    chunk = {**base, "object": "chat.completion.chunk",
+                             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                    yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(gen(), media_type="text/event-stream", headers=REQUEST_HEADERS)
+        if "prompt" in body:
+            return JSONResponse({**base, "object": "text_completion",
+                                 "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]},
+                                headers=REQUEST_HEADERS)
+        return JSONResponse({**base, "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]},
+            headers=REQUEST_HEADERS)
+
+    return Starlette(routes=[Route("/v1/chat/completions", endpoint, methods=["POST"]),
+                             Route("/v1/completions", endpoint, methods=["POST"])])
+
+
+def fidelity_anthropic_app(rec: Recorder) -> Starlette:
+    """A Messages API that records the request and, given tools, answers with text and a tool_use
+    block, streamed (content blocks with input_json_delta pieces) or not."""
+
+    async def messages(request: Request) -> Response:
+        body = await request.json()
+        rec.received.append(body)
+        call = rec.tool_use if body.get("tools") else None
+        usage = {"input_tokens": 5, "output_tokens": 4}
+        stop = "tool_use" if call else "end_turn"
+        if not body.get("stream"):
+            content: list[dict[str, Any]] = [{"type": "text", "text": "Let me check."}]
+            if call:
+                content.append({"type": "tool_use", "id": "toolu_1", "name": call["name"], "input": call["input"]})
+            return JSONResponse({"id": "msg_f", "type": "message", "role": "assistant", "model": body["model"],
+                                 "content": content, "stop_reason": stop, "usage": usage}, headers=REQUEST_HEADERS)
+
+        def ev(data: dict[str, Any]) -> bytes:
+            return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode()
+
+        async def gen() -> AsyncIterator[bytes]:
+            yield ev({"type": "message_start", "message": {"id": "msg_f", "model": body["model"], "usage": usage}})
+            yield ev({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+            yield ev({"type": "ping"})
+            yield ev({"type": "content_block_delta", "index": 0,
+                      "delta": {"type": "text_delta", "text": "Let me check."}})
+            yield ev({"type": "content_block_stop", "index": 0})
+            if call:
+                yield ev({"type": "content_block_start", "index": 1, "content_block": {
+                    "type": "tool_use", "id": "toolu_1", "name": call["name"], "input": {}}})
+                args = json.dumps(call["input"])
+                for piece in (args[:4], args[4:]):
+                    yield ev({"type": "content_block_delta", "index": 1,
+                              "delta": {"type": "input_json_delta", "partial_json": piece}})
+                yield ev({"type": "content_block_stop", "index": 1})
+            yield ev({"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 4}})
+            yield ev({"type": "message_stop"})
+
+        return StreamingResponse(gen(), media_type="text/event-stream", headers=REQUEST_HEADERS)
 
     return Starlette(routes=[Route("/v1/messages", messages, methods=["POST"])])
 
