@@ -19,6 +19,8 @@ assert set(GPUProductName.__args__) == set(GPU_PRODUCTS)  # type: ignore[attr-de
 
 # Kubernetes names of the Deployment/Service we derive ("<name>-vllm") must stay within 63 chars.
 MAX_NAME = 52
+# A Service name is a DNS-1035 label (no dots, starts with a letter), so an upstream's name must be one.
+DNS_1035 = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
 class GPU(Model):
@@ -260,6 +262,9 @@ CEL_RULES: list[dict[str, str]] = [
 ]
 NAME_RULE = {"rule": f"size(self.metadata.name) <= {MAX_NAME}",
              "message": f"metadata.name must be at most {MAX_NAME} characters (derived Deployment names add a suffix)"}
+NAME_MESSAGE = ("metadata.name must be a DNS-1035 label: lower-case letters, digits and '-', starting with a letter "
+                "and ending with a letter or digit (e.g. llama-8b), because the operator names a Service after it")
+DNS_NAME_RULE = {"rule": f"self.metadata.name.matches('{DNS_1035}')", "message": NAME_MESSAGE}
 
 
 class Condition(Model):
@@ -314,14 +319,20 @@ class GPUUpstreamStatus(Model):
     """Hash of the engine settings the spec asks for"""
     endpoint: str | None = None
     """In-cluster URL of the OpenAI-compatible API"""
+    served_model: str | None = None
+    """The name every ready replica answers, the router's model for it: the upstream's own name, kept across
+    spec.model changes"""
     gpu: str | None = Field(None, description="Printer column: product x count")
     rollout: str | None = Field(None, description="What the rollout is doing or waiting for")
 
 
 class GPUUpstream(Model):
-    """The Python API of the kind; `spec` as in the CRD."""
+    """A model served by vLLM on a GPU pool, or an external provider (OpenAI, Anthropic, any
+    OpenAI-compatible API). For provider vllm the operator plans the KV cache, refuses a change that
+    cannot fit before any pod restarts, and renders a Deployment, Service and PodDisruptionBudget
+    named <name>-vllm, which it keeps as rendered; InferenceRoutes send traffic to it by name."""
 
     api_version: Literal["oculis.dev/v1alpha1"] = "oculis.dev/v1alpha1"
     kind: Literal["GPUUpstream"] = "GPUUpstream"
-    name: str = Field(pattern=NAME_PATTERN, max_length=MAX_NAME)
+    name: str = Field(pattern=DNS_1035, max_length=MAX_NAME)
     spec: GPUUpstreamSpec
