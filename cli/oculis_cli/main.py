@@ -13,6 +13,24 @@ from oculis import __version__
 from oculis_cli import capacity, deps, route, serve
 
 
+def _register_sim(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    # The simulator ships in neither image: import it only when `oculis sim` runs.
+    p = sub.add_parser("sim", help="simulated vLLM engine: `oculis sim replay|serve ...` (see `oculis sim --help`)",
+                       add_help=False)
+    p.add_argument("sim_args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=_run_sim)
+
+
+def _run_sim(args: argparse.Namespace) -> int:
+    try:
+        from oculis_sim.cli import main as sim_main
+    except ImportError as exc:
+        print(f"oculis sim: error: the engine simulator is not installed ({exc}); install it with "
+              "`pip install -e '.[sim]'` from an Oculis checkout", file=sys.stderr)
+        return 2
+    return sim_main(args.sim_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oculis", description="Oculis: cheaper, faster self-hosted LLM inference")
     parser.add_argument("--version", action="version", version=f"oculis {__version__}")
@@ -21,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     route.register(sub)
     capacity.register(sub)
     serve.register(sub)
+    _register_sim(sub)
     return parser
 
 

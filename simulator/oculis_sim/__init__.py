@@ -1,0 +1,7 @@
+"""Oculis engine simulator: a GPU-free stand-in for a vLLM V1 engine.
+
+One discrete-event core (`engine`) on a virtual clock, driven by `replay` (a workload in simulated time)
+or by `server` (an OpenAI-compatible server on the wall clock). Everything it reports is simulated.
+"""
+
+FINGERPRINT = "oculis-simulator"

@@ -1,0 +1,162 @@
+"""`oculis sim replay` and `oculis sim serve`: engine flags spelled as `vllm serve` spells them.
+
+Bad input is one line naming the flag, the value and the fix, exit 2 (vLLM's words where it has them).
+`serve` accepts a pod's rendered `vllm serve` arguments unchanged: flags the simulator does not model
+are ignored with one warning line; a later --host/--port overrides an earlier one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from oculis_sim import config
+
+BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not usage + error
+        self.exit(BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def _flag_bool(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--enable-prefix-caching", dest="prefix_caching", action=argparse.BooleanOptionalAction,
+                   default=True, help="prefix caching (vLLM's default: on)")
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_positional", nargs="?", metavar="MODEL", help="model (as `vllm serve MODEL`)")
+    p.add_argument("--model", help="Hugging Face id from the built-in catalog (or any name with --model-config)")
+    p.add_argument("--model-config", type=Path, metavar="FILE",
+                   help="YAML/JSON architecture of a model outside the catalog (the GPUUpstream spec.modelConfig "
+                   "fields)")
+    p.add_argument("--gpu", default=os.environ.get("OCULIS_SIM_GPU"),
+                   help="GPU product to simulate: an Oculis name (H100-80GB) or its nvidia.com/gpu.product value; "
+                   "default $OCULIS_SIM_GPU")
+    p.add_argument("--tensor-parallel-size", "-tp", "--tensor-parallel", dest="tp", type=int, default=1,
+                   metavar="N")
+    p.add_argument("--max-num-seqs", type=int, metavar="S")
+    p.add_argument("--max-num-batched-tokens", metavar="B", help="per-step token budget (2048, 8k, 8K)")
+    p.add_argument("--max-model-len", metavar="L", help="longest sequence; `auto` = the largest that fits")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.92, metavar="U")
+    p.add_argument("--kv-cache-dtype", default="auto", metavar="D", help="auto or fp8")
+    p.add_argument("--quantization", "-q", metavar="Q", help="fp8, awq, gptq, compressed-tensors")
+    p.add_argument("--speculative-config", "-sc", metavar="JSON",
+                   help='e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' or {"model": ..., ...}')
+    p.add_argument("--acceptance-rate", type=float, metavar="A",
+                   help="per-position draft acceptance probability (default by method)")
+    _flag_bool(p)
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def settings_from(args: argparse.Namespace) -> config.Settings:
+    model = args.model or args.model_positional
+    if not model:
+        raise config.SimConfigError("--model: missing; name the model (e.g. --model meta-llama/Llama-3.1-8B-Instruct)")
+    tokens = (config.parse_int("--max-num-batched-tokens", args.max_num_batched_tokens)
+              if args.max_num_batched_tokens is not None else None)
+    return config.resolve(
+        model, args.gpu, model_config=args.model_config, tp=args.tp, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=tokens, max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization, prefix_caching=args.prefix_caching,
+        speculative_config=args.speculative_config, acceptance_rate=args.acceptance_rate,
+        served_names=tuple(args.served_model_name or ()), seed=args.seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="oculis sim", description="GPU-free simulator of a vLLM V1 engine (simulated figures)")
+    sub = parser.add_subparsers(dest="sim_command", required=True, metavar="COMMAND", parser_class=_Parser)
+    r = sub.add_parser("replay", help="run a workload in virtual time and print simulated latencies")
+    add_engine_flags(r)
+    r.add_argument("--workload", type=Path, required=True, metavar="FILE", help="YAML/JSON workload")
+    r.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    s = sub.add_parser("serve", help="an OpenAI-compatible server backed by the simulated engine")
+    add_engine_flags(s)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    return parser
+
+
+def _text(res: object, s: config.Settings) -> str:
+    from oculis_sim.replay import ReplayResult
+
+    assert isinstance(res, ReplayResult)
+    sm = res.summary
+    lines = [f"SIMULATED (oculis-simulator, not measured): {s.model_name} on {s.gpu.key} x{s.tp}, "
+             f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
+             f"max_model_len {s.max_model_len}" + (f", {s.spec.method} k={s.spec.num_speculative_tokens} "
+                                                   f"acceptance {s.acceptance_rate:g}" if s.spec else "")]
+    lines.append(f"  {'':10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}  (ms)")
+    for key, label in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
+        v = sm[key]
+        lines.append(f"  {label:10}{v['mean']:10.1f}{v['p50']:10.1f}{v['p90']:10.1f}{v['p99']:10.1f}")
+    lines.append(f"  output tokens/s {sm['output_tokens_per_s']:.1f}, requests/s {sm['requests_per_s']:.3f}, "
+                 f"requests {sm['requests']}" + (f" ({res.refused} refused: longer than max_model_len)"
+                                                 if res.refused else ""))
+    lines.append(f"  preemptions {sm['preemptions']}, KV blocks {sm['kv_blocks']} ({s.kv_cache_tokens} tokens), "
+                 f"peak KV usage {res.peak_kv_usage:.1%}, prefix cache hit rate {res.prefix_hit_rate:.1%}"
+                 + (f", mean acceptance length {res.spec_acceptance_length:.2f}"
+                    if res.spec_acceptance_length else ""))
+    return "\n".join(lines)
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from oculis_sim import replay, workload
+
+    s = settings_from(args)
+    try:
+        wl = workload.load(args.workload)
+    except workload.WorkloadError as exc:
+        raise config.SimConfigError(f"--workload {args.workload}: {exc}") from None
+    res = replay.run(s, wl)
+    if args.output == "json":
+        print(json.dumps(res.summary, indent=2))
+        print(f"oculis sim replay: simulated figures (oculis-simulator), not measurements; "
+              f"{s.model_name} on {s.gpu.key} x{s.tp}", file=sys.stderr)
+    else:
+        print(_text(res, s))
+    return 0
+
+
+def run_serve(args: argparse.Namespace, ignored: list[str]) -> int:
+    from oculis_sim.server import serve
+
+    s = settings_from(args)
+    flags = [a.split("=", 1)[0] for a in ignored if a.startswith("-")]
+    if ignored:
+        print(f"oculis sim serve: warning: ignoring what the simulator does not model: {' '.join(flags or ignored)}",
+              file=sys.stderr)
+    serve(s, args.host, args.port)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "serve" and argv[1] == "serve":
+        del argv[1]  # a pod's args may start with `serve` (the image's `vllm serve` entrypoint split)
+    parser = build_parser()
+    ignored: list[str] = []
+    if argv[:1] == ["serve"]:
+        args, ignored = parser.parse_known_args(argv)
+    else:
+        args = parser.parse_args(argv)
+    prog = f"oculis sim {args.sim_command}"
+    try:
+        if args.sim_command == "replay":
+            return run_replay(args)
+        return run_serve(args, ignored)
+    except config.SimConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""Engine settings as vLLM would resolve them, and the refusals vLLM would make at start-up.
+
+The KV block count is the operator's capacity plan (`oculis_operator.capacity.plan`): the simulator and
+the operator's admission check can never disagree about what fits.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from oculis import gpus
+from oculis.base import format_errors
+from oculis.gpus import GPUProduct
+from oculis.upstream import Engine, ModelConfig, Speculative
+from oculis_operator import capacity, catalog
+from oculis_sim import specdecode, steptime
+
+GiB = 1024**3
+
+# Products the CRD enum does not list yet; facts from ../shared/notes/simulator.md section 4 and
+# vllm-engine section 6 (GFD names and nvidia-smi MiB).
+EXTRA_GPUS: dict[str, GPUProduct] = {
+    p.key: p
+    for p in (
+        GPUProduct("H100-PCIe-80GB", "NVIDIA-H100-PCIe", 81559, "hopper", 9, 0, 2000, 756, 1513),
+        GPUProduct("L4-24GB", "NVIDIA-L4", 23034, "ada-lovelace", 8, 9, 300, 121, 242),
+    )
+}
+
+
+class SimConfigError(ValueError):
+    """One line naming the flag, the value and the fix."""
+
+
+def lookup_gpu(name: str) -> GPUProduct:
+    try:
+        return gpus.lookup(name)
+    except KeyError:
+        for p in EXTRA_GPUS.values():
+            if name in (p.key, p.gfd_product):
+                return p
+        choices = ", ".join(sorted([*gpus.GPU_PRODUCTS, *EXTRA_GPUS]))
+        raise SimConfigError(f"--gpu {name!r}: no GPU facts for this product; use one of {choices} (or its "
+                             "nvidia.com/gpu.product value)") from None
+
+
+_SIZE = re.compile(r"^(\d+)([kKmMgG]?)$")
+_UNIT = {"": 1, "k": 1000, "K": 1024, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}
+
+
+def parse_int(flag: str, text: str) -> int:
+    """vLLM's human-readable integers: 2048, 8k (8000), 8K (8192)."""
+    m = _SIZE.match(text.strip())
+    if not m:
+        raise SimConfigError(f"{flag} {text!r}: not an integer (vLLM also takes 8k = 8000, 8K = 8192)")
+    return int(m.group(1)) * _UNIT[m.group(2)]
+
+
+def vllm_defaults(gpu: GPUProduct) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) vLLM 0.20 picks for the OpenAI server on this device."""
+    if gpu.memory_mib * 2**20 >= 70 * GiB and "a100" not in gpu.gfd_product.lower():
+        return 1024, 8192
+    return 256, 2048
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_name: str
+    served_names: tuple[str, ...]
+    model: ModelConfig
+    gpu: GPUProduct
+    tp: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    gpu_memory_utilization: float
+    kv_cache_dtype: str
+    quantization: str | None
+    prefix_caching: bool
+    spec: specdecode.SpecConfig | None
+    draft: ModelConfig | None
+    acceptance_rate: float
+    num_blocks: int
+    kv_cache_tokens: int
+    weights_bytes_per_gpu: int
+    kv_bytes_per_token: int
+    seed: int
+
+
+def load_model_config(path: Path) -> ModelConfig:
+    try:
+        return ModelConfig.model_validate(yaml.safe_load(path.read_text()))
+    except OSError as exc:
+        raise SimConfigError(f"--model-config {path}: cannot read it: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise SimConfigError(f"--model-config {path}: not valid YAML/JSON: {' '.join(str(exc).split())}") from None
+    except ValidationError as exc:
+        raise SimConfigError(f"--model-config {path}: " + format_errors(exc, "modelConfig").replace("\n", "; ")
+                             ) from None
+
+
+def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | None = None, tp: int = 1,
+            max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+            max_model_len: str | None = None, gpu_memory_utilization: float = 0.92, kv_cache_dtype: str = "auto",
+            quantization: str | None = None, prefix_caching: bool = True, speculative_config: str | None = None,
+            acceptance_rate: float | None = None, served_names: tuple[str, ...] = (), seed: int = 0) -> Settings:
+    if not gpu_name:
+        raise SimConfigError("--gpu: missing; name the GPU product to simulate (e.g. --gpu H100-80GB, or set "
+                             "OCULIS_SIM_GPU)")
+    gpu = lookup_gpu(gpu_name)
+    inline = load_model_config(model_config) if model_config else None
+    try:
+        model = catalog.lookup(model_name, inline)
+    except KeyError:
+        raise SimConfigError(f"--model {model_name!r}: not in the built-in catalog; pass --model-config FILE with "
+                             "its architecture (paramsBillions, numLayers, hiddenSize, numAttentionHeads, numKvHeads, "
+                             "headDim, vocabSize, maxPositionEmbeddings) or use one of: "
+                             f"{', '.join(sorted(catalog.CATALOG))}") from None
+    if tp < 1:
+        raise SimConfigError(f"--tensor-parallel-size {tp}: must be a positive integer")
+    if model.num_attention_heads % tp:
+        raise SimConfigError(f"--tensor-parallel-size {tp}: Total number of attention heads "
+                             f"({model.num_attention_heads}) must be divisible by tensor parallel size ({tp}); "
+                             "use a divisor")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise SimConfigError(f"--gpu-memory-utilization {gpu_memory_utilization}: must be in (0, 1]")
+    if kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"):
+        raise SimConfigError(f"--kv-cache-dtype {kv_cache_dtype!r}: not simulated; use auto or fp8")
+    kv_dtype = "fp8" if kv_cache_dtype.startswith("fp8") else "auto"
+    if quantization is not None and quantization not in capacity.QUANT_BYTES:
+        raise SimConfigError(f"--quantization {quantization!r}: not simulated; use one of "
+                             f"{', '.join(sorted(capacity.QUANT_BYTES))} or leave it unset")
+    default_seqs, default_tokens = vllm_defaults(gpu)
+    seqs = max_num_seqs if max_num_seqs is not None else default_seqs
+    if seqs < 1:
+        raise SimConfigError(f"--max-num-seqs {seqs}: must be a positive integer")
+    spec = None
+    draft = None
+    if speculative_config:
+        try:
+            spec = specdecode.parse(speculative_config)
+        except specdecode.SpecConfigError as exc:
+            raise SimConfigError(f"--speculative-config: {exc}") from None
+        if spec.draft_model:
+            try:
+                draft = catalog.lookup(spec.draft_model)
+            except KeyError:
+                raise SimConfigError(f"--speculative-config: draft model {spec.draft_model!r} is not in the built-in "
+                                     "catalog; use a catalog model of the same family or a method (ngram, eagle, "
+                                     "eagle3, mtp)") from None
+            if draft.vocab_size != model.vocab_size:
+                raise SimConfigError(f"--speculative-config: draft model {spec.draft_model} has a vocabulary of "
+                                     f"{draft.vocab_size} tokens but {model_name} has {model.vocab_size}; vLLM's draft "
+                                     "model uses the target's tokenizer, so pick a draft of the same family")
+    tokens = max_num_batched_tokens if max_num_batched_tokens is not None else default_tokens
+    if tokens < seqs and max_num_batched_tokens is None:
+        tokens = seqs
+    if tokens < seqs:
+        # vLLM's own words (vllm/config/scheduler.py), then the fix
+        raise SimConfigError(f"--max-num-batched-tokens {tokens}: max_num_batched_tokens ({tokens}) must be greater "
+                             f"than or equal to max_num_seqs ({seqs}); raise --max-num-batched-tokens to at least "
+                             f"{seqs} or lower --max-num-seqs")
+    alpha = acceptance_rate
+    if alpha is None:
+        alpha = specdecode.DEFAULT_ACCEPTANCE[spec.method] if spec else 0.0
+    if not 0 <= alpha <= 1:
+        raise SimConfigError(f"--acceptance-rate {alpha}: must be between 0 and 1 (per-position draft acceptance)")
+
+    auto_len = max_model_len in ("auto", "-1")
+    length = model.max_position_embeddings
+    if max_model_len is not None and not auto_len:
+        length = parse_int("--max-model-len", max_model_len)
+        if length > model.max_position_embeddings:
+            raise SimConfigError(
+                f"--max-model-len {length}: User-specified max_model_len ({length}) is greater than the derived "
+                f"max_model_len (max_position_embeddings={model.max_position_embeddings} in model's config.json); "
+                f"use at most {model.max_position_embeddings}")
+        if length < 16:
+            raise SimConfigError(f"--max-model-len {length}: must be at least 16")
+    engine = Engine(max_model_len=length, max_num_seqs=seqs, max_num_batched_tokens=max(tokens, seqs),
+                    gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_dtype,
+                    quantization=quantization,
+                    speculative=(Speculative(draft_model=spec.draft_model, num_speculative_tokens=min(
+                        spec.num_speculative_tokens, 16), method=None if spec.draft_model else spec.method)
+                        if spec else None))
+    plan = capacity.plan(model, gpu, tp, engine, draft=draft, model_name=model_name)
+    if plan.kv_budget_bytes <= 0:
+        raise SimConfigError(
+            f"--gpu-memory-utilization {gpu_memory_utilization}: No available memory for the cache blocks. Try "
+            "increasing `gpu_memory_utilization` when initializing the engine (or a larger --gpu, more "
+            "--tensor-parallel-size, --quantization)")
+    if auto_len:
+        length = min(model.max_position_embeddings, plan.kv_cache_tokens)
+    elif plan.kv_cache_tokens < length:
+        need = length * plan.kv_bytes_per_token / GiB
+        have = plan.kv_budget_bytes / GiB
+        raise SimConfigError(
+            f"--max-model-len {length}: To serve at least one request with the model's max seq len ({length}), "
+            f"({need:.2f} GiB KV cache is needed, which is larger than the available KV cache memory ({have:.2f} "
+            f"GiB). Based on the available memory, the estimated maximum model length is {plan.kv_cache_tokens}. "
+            "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+    return Settings(
+        model_name=model_name, served_names=served_names or (model_name,), model=model, gpu=gpu, tp=tp,
+        max_num_seqs=seqs, max_num_batched_tokens=tokens, max_model_len=length,
+        gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_dtype, quantization=quantization,
+        prefix_caching=prefix_caching, spec=spec, draft=draft, acceptance_rate=alpha,
+        num_blocks=plan.kv_cache_tokens // capacity.BLOCK, kv_cache_tokens=plan.kv_cache_tokens,
+        weights_bytes_per_gpu=plan.weights_bytes_per_gpu, kv_bytes_per_token=plan.kv_bytes_per_token, seed=seed)
+
+
+def cost_models(s: Settings) -> tuple[steptime.StepCostModel, steptime.StepCostModel | None]:
+    """The target's step cost and, for a draft model, the draft's (its weights are part of the plan's)."""
+    fp8 = s.quantization == "fp8" or s.model.dtype_bytes == 1
+    target_weights = capacity.weights_bytes_per_gpu(s.model, s.tp, s.quantization)
+    target = steptime.cost_model(s.model, s.gpu, s.tp, target_weights,
+                                 capacity.kv_bytes_per_token(s.model, s.tp, s.kv_cache_dtype), fp8)
+    draft = None
+    if s.draft is not None:
+        draft = steptime.cost_model(s.draft, s.gpu, s.tp, capacity.weights_bytes_per_gpu(s.draft, s.tp),
+                                    capacity.kv_bytes_per_token(s.draft, s.tp, s.kv_cache_dtype))
+    return target, draft

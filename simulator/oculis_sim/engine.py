@@ -1,0 +1,116 @@
+"""The discrete-event engine core: scheduler + step-time model + draft sampler on a caller's clock.
+
+`step(now)` plans one engine step starting at `now`, applies its outcome and returns when it ends and
+which requests got tokens. The replay driver advances a virtual clock to that end; the server sleeps
+until it on the wall clock. Both therefore run the same engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from oculis_sim import steptime
+from oculis_sim.config import Settings, cost_models
+from oculis_sim.scheduler import Request, Scheduler, StepPlan
+from oculis_sim.specdecode import AcceptanceSampler
+
+
+@dataclass
+class Counters:
+    """Monotonic totals, as vLLM's Prometheus counters count them."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    preemptions: int = 0
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
+    steps: int = 0
+    peak_kv_usage: float = 0.0
+
+
+@dataclass
+class StepResult:
+    start: float
+    end: float
+    emitted: list[tuple[Request, int]]
+    finished: list[Request]
+    plan: StepPlan
+
+
+class EngineCore:
+    def __init__(self, settings: Settings) -> None:
+        s = settings
+        self.settings = s
+        k = s.spec.num_speculative_tokens if s.spec else 0
+        self.scheduler = Scheduler(s.num_blocks, s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len, k,
+                                   s.prefix_caching)
+        self.cost, self.draft_cost = cost_models(s)
+        self.k = k
+        self.sampler = AcceptanceSampler(s.acceptance_rate, s.seed + 1) if k else None
+        self.counters = Counters(spec_accepted_per_pos=[0] * k)
+        # One pass of an EAGLE/MTP head: roughly one target layer plus the LM head, and a launch.
+        m = s.model
+        layer = self.cost.weight_time_s * (1 / m.num_layers + 0.07)
+        self.head_pass_s = layer + steptime.PER_LAYER_S + steptime.PER_STEP_S / 2
+        self.next_rid = 0
+
+    def add(self, req: Request) -> None:
+        self.scheduler.add(req)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def _draft_seconds(self, plan: StepPlan, proposing: int, proposed_tokens: int) -> float:
+        s = self.settings
+        if not proposing or s.spec is None or s.spec.method == "ngram":
+            return 0.0  # n-gram lookup runs on the CPU between steps
+        if self.draft_cost is not None:  # k decode passes of the draft model over the proposing requests
+            per = self.draft_cost.step_seconds(0, 0.0, proposing, float(plan.context_tokens), plan.context_tokens,
+                                               proposing)
+            return self.k * per
+        return self.k * (self.head_pass_s + steptime.PER_REQUEST_S * proposing)
+
+    def step(self, now: float) -> StepResult:
+        sched = self.scheduler
+        plan = sched.schedule()
+        c = self.counters
+        c.steps += 1
+        accepted: dict[int, int] | None = None
+        proposing = 0
+        drafts = 0
+        if self.sampler is not None:
+            spec_reqs = [r for r, _ in plan.scheduled if r.spec_scheduled]
+            if spec_reqs:
+                proposing = len(spec_reqs)
+                ks = [r.spec_scheduled for r in spec_reqs]
+                drafts = sum(ks)
+                got = self.sampler.draw(ks)
+                accepted = {r.rid: a for r, a in zip(spec_reqs, got, strict=True)}
+                c.spec_drafts += proposing
+                c.spec_draft_tokens += drafts
+                c.spec_accepted += sum(got)
+                per_pos = c.spec_accepted_per_pos
+                for a in got:
+                    for i in range(a):
+                        per_pos[i] += 1
+        duration = self.cost.step_seconds(plan.prefill_tokens, plan.prefill_pairs, plan.decode_tokens,
+                                          plan.decode_pairs, plan.context_tokens, len(plan.scheduled))
+        duration += self._draft_seconds(plan, proposing, drafts)
+        for req in plan.admitted:
+            if not req.started:
+                req.started = True
+                c.prompt_tokens += req.prompt_len
+        c.prefix_queries += plan.prefix_queries
+        c.prefix_hits += plan.prefix_hits
+        c.preemptions += len(plan.preempted)
+        usage = sched.usage()
+        if usage > c.peak_kv_usage:
+            c.peak_kv_usage = usage
+        emitted, finished = sched.update(plan, accepted)
+        for _, n in emitted:
+            c.generation_tokens += n
+        return StepResult(now, now + duration, emitted, finished, plan)

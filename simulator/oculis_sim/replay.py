@@ -1,0 +1,147 @@
+"""Replay a workload through the engine core in virtual time and summarise what a client would see.
+
+Client-side figures as `vllm bench serve` defines them: TTFT = first token - send, E2E = last token -
+send, ITL = the gaps between successive streamed chunks (all requests pooled), throughput over the run's
+duration. Request-level overheads outside the engine (BLIS alpha0/1/2: API server before the scheduler,
+post-decode finish, per-token streaming) are added here, so the server and the replay agree.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from oculis_sim import steptime
+from oculis_sim.config import Settings
+from oculis_sim.engine import EngineCore
+from oculis_sim.scheduler import BLOCK, Request
+from oculis_sim.workload import Workload
+
+SHARED = "shared-prefix"
+
+
+def stats_ms(values: np.ndarray) -> dict[str, float]:
+    if len(values) == 0:
+        return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+    ms = values * 1000.0
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    return {"mean": round(float(ms.mean()), 3), "p50": round(float(p50), 3), "p90": round(float(p90), 3),
+            "p99": round(float(p99), 3)}
+
+
+@dataclass
+class ReplayResult:
+    summary: dict[str, Any]  # exactly the `-o json` keys
+    peak_kv_usage: float
+    refused: int
+    prefix_hit_rate: float
+    duration_s: float
+    output_tokens: int
+    spec_acceptance_length: float | None
+
+
+class _Rec:
+    __slots__ = ("first", "last", "send")
+
+    def __init__(self, send: float) -> None:
+        self.send = send
+        self.first = -1.0
+        self.last = -1.0
+
+
+def run(settings: Settings, wl: Workload) -> ReplayResult:
+    core = EngineCore(settings)
+    n = len(wl)
+    prefix_blocks = wl.shared_prefix_tokens // BLOCK
+    shared_hashes: tuple[object | None, ...] = tuple((SHARED, i) for i in range(prefix_blocks))
+    api = steptime.API_OVERHEAD_S
+    lag = steptime.PER_TOKEN_OUTPUT_S
+    finish = steptime.FINISH_OVERHEAD_S
+    limit = settings.max_model_len
+    conc = wl.max_concurrency
+    arrivals = wl.arrivals.tolist()
+    prompts = wl.prompt_tokens.tolist()
+    outputs = wl.output_tokens.tolist()
+
+    entering: list[tuple[float, int]] = []  # (time the scheduler sees it, request index)
+    backlog = 0  # next request index not yet sent (max_concurrency gating)
+    inflight = 0
+    refused = 0
+    recs: list[_Rec | None] = [None] * n
+    itl = array("d")
+    ttft = array("d")
+    e2e = array("d")
+    out_tokens = 0
+    last_done = 0.0
+
+    def send(i: int, at: float) -> None:
+        nonlocal inflight, refused
+        if prompts[i] + outputs[i] > limit:  # vLLM answers 400 before the engine sees it
+            refused += 1
+            return
+        inflight += 1
+        recs[i] = _Rec(at)
+        heapq.heappush(entering, (at + api, i))
+
+    def release(now: float) -> None:
+        """max_concurrency: send the next requests, in arrival order, as slots free up (vLLM bench's semaphore)."""
+        nonlocal backlog
+        while backlog < n and (conc is None or inflight < conc):
+            send(backlog, max(arrivals[backlog], now))
+            backlog += 1
+
+    t = 0.0
+    release(0.0)
+    while True:
+        while entering and entering[0][0] <= t:
+            _, i = heapq.heappop(entering)
+            hashes = shared_hashes if prefix_blocks else ()
+            core.add(Request(i, prompts[i], outputs[i], t, hashes))
+        if not core.has_work():
+            if entering:
+                t = entering[0][0]
+                continue
+            break
+        res = core.step(t)
+        t = res.end
+        for req, k in res.emitted:
+            rec = recs[req.rid]
+            assert rec is not None
+            vis = t + lag * req.num_output
+            if rec.first < 0:
+                rec.first = vis
+                ttft.append(vis - rec.send)
+            else:
+                itl.append(vis - rec.last)
+            rec.last = vis
+            out_tokens += k
+        for req in res.finished:
+            rec = recs[req.rid]
+            assert rec is not None
+            done = rec.last + finish
+            e2e.append(done - rec.send)
+            last_done = max(last_done, done)
+            inflight -= 1
+        if conc is not None and res.finished:
+            release(t)
+    completed = len(e2e)
+    start = float(wl.arrivals[0]) if n else 0.0
+    duration = max(last_done - start, 1e-9)
+    c = core.counters
+    summary = {
+        "ttft_ms": stats_ms(np.frombuffer(ttft, dtype=np.float64)),
+        "itl_ms": stats_ms(np.frombuffer(itl, dtype=np.float64)),
+        "e2e_ms": stats_ms(np.frombuffer(e2e, dtype=np.float64)),
+        "output_tokens_per_s": round(out_tokens / duration, 2),
+        "requests_per_s": round(completed / duration, 4),
+        "preemptions": c.preemptions,
+        "kv_blocks": settings.num_blocks,
+        "requests": completed,
+    }
+    al = (1 + c.spec_accepted / c.spec_drafts) if c.spec_drafts else None
+    hit_rate = c.prefix_hits / c.prefix_queries if c.prefix_queries else 0.0
+    return ReplayResult(summary, c.peak_kv_usage, refused, hit_rate, duration, out_tokens, al)

@@ -1,0 +1,309 @@
+"""vLLM V1's scheduler as a deterministic state machine (no I/O, no clock).
+
+Semantics copied from vLLM `vllm/v1/core/sched/scheduler.py` (../shared/notes/simulator.md section 2,
+vllm-engine note section 1):
+- one token budget per step (`max_num_batched_tokens`); RUNNING requests are scheduled first, in order,
+  then WAITING ones while fewer than `max_num_seqs` run; a prompt longer than the remaining budget is
+  prefilled in chunks (chunked prefill);
+- KV blocks of 16 tokens; when a running request cannot get its blocks, the newest running request is
+  preempted by recompute: all its blocks freed, `num_computed_tokens = 0`, prepended to WAITING; no
+  waiting request is admitted in a step that preempted;
+- prefix caching: full prompt blocks are hashed; a new request reuses the leading blocks already cached
+  (at least one token is always computed); blocks nobody references stay cached until evicted, LRU.
+  A preempted request's own cached blocks are dropped (BLIS #1121: keeping them made re-prefill free);
+- speculative decoding: a decoding request schedules 1 + k tokens; the engine reports how many of the
+  k drafts were accepted, and the rejected ones are un-computed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+BLOCK = 16
+
+
+class Request:
+    """One sequence inside the engine. Times are on whatever clock the driver uses."""
+
+    __slots__ = ("arrival", "blocks", "cached_upto", "first_token", "hashes", "last_token", "max_output",
+                 "num_computed", "num_output", "preemptions", "prompt_len", "rid", "shared", "sink",
+                 "spec_scheduled", "started")
+
+    def __init__(self, rid: int, prompt_len: int, max_output: int, arrival: float = 0.0,
+                 hashes: tuple[object | None, ...] = (), sink: object = None) -> None:
+        self.rid = rid
+        self.prompt_len = prompt_len
+        self.max_output = max_output  # tokens to generate (the simulated EOS comes after this many)
+        self.arrival = arrival
+        self.hashes = hashes  # one per full prompt block; None = content nobody else has
+        self.sink = sink  # the driver's handle (a stream to write to, a record to fill)
+        self.num_computed = 0
+        self.num_output = 0
+        self.blocks = 0  # blocks held privately
+        self.shared: list[object] = []  # hashes of the leading blocks held through the prefix cache
+        self.cached_upto = 0  # leading prompt blocks already checked for promotion into the cache
+        self.preemptions = 0
+        self.spec_scheduled = 0
+        self.first_token = -1.0
+        self.last_token = -1.0
+        self.started = False
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.num_output
+
+    @property
+    def finished(self) -> bool:
+        return self.num_output >= self.max_output
+
+    def __repr__(self) -> str:
+        return f"Request({self.rid}, computed={self.num_computed}, output={self.num_output})"
+
+
+class BlockPool:
+    """Counts of KV blocks: held privately, cached (referenced or evictable), free."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.total = num_blocks - 1  # vLLM keeps one permanent null block
+        self.private = 0
+        self.refs: dict[object, int] = {}  # cached block hash -> requests referencing it
+        self.evictable: dict[object, None] = {}  # cached, unreferenced, oldest first (dicts keep order)
+
+    @property
+    def free(self) -> int:
+        """Blocks a new allocation can take (evictable cached blocks included)."""
+        return self.total - self.private - len(self.refs) + len(self.evictable)
+
+    @property
+    def used(self) -> int:
+        return self.private + len(self.refs) - len(self.evictable)
+
+    def allocate(self, n: int) -> bool:
+        if n <= 0:
+            return True
+        if n > self.free:
+            return False
+        spare = self.total - self.private - len(self.refs)
+        for _ in range(n - spare):  # evict least recently freed cached blocks
+            h = next(iter(self.evictable))
+            del self.evictable[h]
+            del self.refs[h]
+        self.private += n
+        return True
+
+    def ref(self, h: object) -> None:
+        n = self.refs[h]
+        if n == 0:
+            del self.evictable[h]
+        self.refs[h] = n + 1
+
+    def unref(self, h: object, drop: bool = False) -> None:
+        n = self.refs[h] - 1
+        if n > 0:
+            self.refs[h] = n
+        elif drop:
+            del self.refs[h]
+        else:
+            self.refs[h] = 0
+            self.evictable[h] = None
+
+
+@dataclass
+class StepPlan:
+    """What one step computes. `scheduled` pairs a request with its new tokens (drafts included)."""
+
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+    prefill_tokens: int = 0
+    prefill_pairs: float = 0.0
+    decode_tokens: int = 0
+    decode_pairs: float = 0.0
+    context_tokens: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+
+
+class Scheduler:
+    def __init__(self, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
+                 num_speculative_tokens: int = 0, prefix_caching: bool = True) -> None:
+        self.pool = BlockPool(num_blocks)
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.k = num_speculative_tokens
+        self.prefix_caching = prefix_caching
+        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()
+        self.preemptions = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def abort(self, req: Request) -> None:
+        """A client went away: drop the request wherever it is and free its blocks."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        else:
+            return
+        self._free(req, preempted=False)
+        req.max_output = req.num_output
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def usage(self) -> float:
+        return self.pool.used / self.pool.total if self.pool.total else 0.0
+
+    def _free(self, req: Request, preempted: bool) -> None:
+        pool = self.pool
+        pool.private -= req.blocks
+        req.blocks = 0
+        for h in req.shared:
+            pool.unref(h, drop=preempted)
+        req.shared = []
+        req.cached_upto = 0
+
+    def _preempt(self, victim: Request, plan: StepPlan) -> None:
+        self._free(victim, preempted=True)
+        victim.num_computed = 0
+        victim.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(victim)
+        plan.preempted.append(victim)
+
+    def _count(self, plan: StepPlan, req: Request, num_new: int, spec: int) -> None:
+        ctx = req.num_computed
+        plan.scheduled.append((req, num_new))
+        req.spec_scheduled = spec
+        plan.context_tokens += ctx
+        if ctx < req.num_tokens - 1:  # prefill (or recompute) chunk
+            plan.prefill_tokens += num_new
+            plan.prefill_pairs += num_new * (ctx + num_new / 2)
+        else:
+            plan.decode_tokens += num_new
+            plan.decode_pairs += num_new * (ctx + num_new / 2)
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.max_num_batched_tokens
+        pool = self.pool
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            num_new = req.num_tokens - req.num_computed
+            spec = 0
+            if num_new == 1 and self.k:  # decoding: add drafts, never past the output's end or the budget
+                spec = min(self.k, req.max_output - req.num_output - 1, budget - 1)
+                spec = max(spec, 0)
+                num_new += spec
+            num_new = min(num_new, budget)
+            need = -(-(req.num_computed + num_new) // BLOCK) - req.blocks - len(req.shared)
+            scheduled = True
+            while need > 0 and not pool.allocate(need):
+                victim = running.pop()  # the newest running request
+                self._preempt(victim, plan)
+                if victim is req:
+                    scheduled = False
+                    break
+            if not scheduled:
+                break
+            if need > 0:
+                req.blocks += need
+            self._count(plan, req, num_new, spec)
+            budget -= num_new
+            i += 1
+        if not plan.preempted:
+            while self.waiting and budget > 0 and len(running) < self.max_num_seqs:
+                req = self.waiting[0]
+                hits = 0
+                if req.num_computed == 0 and self.prefix_caching:
+                    hits = self._lookup(req)
+                    plan.prefix_queries += req.num_tokens
+                    plan.prefix_hits += hits * BLOCK
+                num_new = min(req.num_tokens - req.num_computed, budget)
+                need = -(-(req.num_computed + num_new) // BLOCK) - req.blocks - len(req.shared)
+                if not pool.allocate(need):
+                    self._release_hits(req)
+                    break
+                req.blocks += max(need, 0)
+                self.waiting.popleft()
+                running.append(req)
+                plan.admitted.append(req)
+                self._count(plan, req, num_new, 0)
+                budget -= num_new
+        return plan
+
+    def _lookup(self, req: Request) -> int:
+        """Reference the leading cached blocks of the prompt; returns how many (vLLM computes >= 1 token)."""
+        pool = self.pool
+        limit = (req.num_tokens - 1) // BLOCK
+        hits = 0
+        for h in req.hashes[:limit]:
+            if h is None or h not in pool.refs:
+                break
+            pool.ref(h)
+            req.shared.append(h)
+            hits += 1
+        req.num_computed = hits * BLOCK
+        req.cached_upto = hits
+        return hits
+
+    def _release_hits(self, req: Request) -> None:
+        for h in req.shared:
+            self.pool.unref(h)
+        req.shared = []
+        req.num_computed = 0
+        req.cached_upto = 0
+
+    def _promote(self, req: Request) -> None:
+        """Full prompt blocks just computed enter the prefix cache (unless an identical block is there)."""
+        pool = self.pool
+        upto = min(req.num_computed // BLOCK, len(req.hashes))
+        i = req.cached_upto
+        while i < upto:
+            h = req.hashes[i]
+            if h is None or h in pool.refs or len(req.shared) != i:
+                i = len(req.hashes)  # the rest stays private
+                break
+            pool.refs[h] = 1
+            req.shared.append(h)
+            req.blocks -= 1
+            i += 1
+        req.cached_upto = i
+
+    def update(self, plan: StepPlan, accepted: dict[int, int] | None = None) -> tuple[list[tuple[Request, int]],
+                                                                                      list[Request]]:
+        """Apply the step's results: returns (request, tokens emitted) pairs and the finished requests.
+
+        accepted: draft tokens accepted per request id (speculative decoding), from the engine's sampler."""
+        emitted: list[tuple[Request, int]] = []
+        finished: list[Request] = []
+        caching = self.prefix_caching
+        for req, num_new in plan.scheduled:
+            req.num_computed += num_new
+            if caching and req.cached_upto < len(req.hashes):
+                self._promote(req)
+            if req.num_computed < req.num_tokens:
+                continue  # a prefill chunk: nothing sampled yet
+            n = 1
+            spec = req.spec_scheduled
+            if spec:
+                a = accepted.get(req.rid, 0) if accepted else 0
+                req.num_computed -= spec - a
+                n += a
+            n = min(n, req.max_output - req.num_output)
+            req.num_output += n
+            emitted.append((req, n))
+            if req.num_output >= req.max_output:
+                finished.append(req)
+        if finished:
+            done = set(map(id, finished))
+            self.running = [r for r in self.running if id(r) not in done]
+            for req in finished:
+                self._free(req, preempted=False)
+        return emitted, finished

@@ -1,0 +1,164 @@
+"""Workload files: request shapes and arrival times, generated reproducibly from a seed.
+
+YAML or JSON:
+    prompt_tokens: 512                       # after the shared prefix; a number, or a distribution:
+    output_tokens: {mean: 256, stdev: 100, min: 1, max: 1024}    # normal (default), lognormal,
+                                             # uniform (min..max) or exponential, clipped to min..max
+    shared_prefix_tokens: 0                  # a prefix common to every request (prefix caching)
+    stages: [{rate: 10, seconds: 3600}]      # Poisson arrivals per stage; {rate: inf, requests: N} sends N at once
+    burstiness: 1.0                          # gamma shape of the gaps, as vLLM's benchmark (1 = Poisson)
+    max_concurrency: 64                      # optional: at most this many in flight (vLLM bench's flag)
+    seed: 0
+or explicit shapes: `requests: [{prompt_tokens: 900, output_tokens: 128, at: 0.0}, ...]` (`at` optional:
+then the stages' arrival process, or all at once without stages).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+
+class WorkloadError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Workload:
+    arrivals: np.ndarray  # seconds from the start, ascending
+    prompt_tokens: np.ndarray  # int per request
+    output_tokens: np.ndarray
+    shared_prefix_tokens: int
+    max_concurrency: int | None
+
+    def __len__(self) -> int:
+        return len(self.arrivals)
+
+
+def _number(where: str, value: Any, lo: float = 0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < lo:
+        raise WorkloadError(f"{where}: {value!r} must be a number >= {lo:g}")
+    return float(value)
+
+
+def _draw(where: str, spec: Any, n: int, rng: np.random.Generator) -> np.ndarray:
+    if isinstance(spec, int | float) and not isinstance(spec, bool):
+        return np.full(n, max(1, round(_number(where, spec, 1))), dtype=np.int64)
+    if not isinstance(spec, dict):
+        raise WorkloadError(f"{where}: {spec!r} must be a number or a distribution such as "
+                            "{mean: 256, stdev: 100, min: 1, max: 1024}")
+    kind = spec.get("distribution", "normal")
+    lo = _number(f"{where}.min", spec.get("min", 1), 1)
+    hi = _number(f"{where}.max", spec.get("max", math.inf), lo)
+    if kind == "uniform":
+        values = rng.uniform(lo, hi if math.isfinite(hi) else lo, n)
+    else:
+        if "mean" not in spec:
+            raise WorkloadError(f"{where}: a {kind} distribution needs `mean`")
+        mean = _number(f"{where}.mean", spec["mean"], 1)
+        sd = _number(f"{where}.stdev", spec.get("stdev", 0), 0)
+        if kind == "normal":
+            values = rng.normal(mean, sd, n) if sd else np.full(n, mean)
+        elif kind == "lognormal":
+            sigma2 = math.log(1 + (sd / mean) ** 2)
+            values = rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), n)
+        elif kind == "exponential":
+            values = rng.exponential(mean, n)
+        else:
+            raise WorkloadError(f"{where}.distribution: {kind!r} is not one of normal, lognormal, uniform, exponential")
+    return np.clip(np.rint(values), lo, hi).astype(np.int64)
+
+
+def _arrivals(stages: Any, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    if not isinstance(stages, list) or not stages:
+        raise WorkloadError("stages: must be a non-empty list such as [{rate: 10, seconds: 60}]")
+    out: list[np.ndarray] = []
+    start = 0.0
+    for i, st in enumerate(stages):
+        if not isinstance(st, dict):
+            raise WorkloadError(f"stages[{i}]: {st!r} must be a mapping {{rate, seconds}}")
+        rate_v = st.get("rate")
+        if rate_v in ("inf", float("inf")):  # everything at the stage's start (vLLM bench's --request-rate inf)
+            count = st.get("requests")
+            if not isinstance(count, int) or count < 1:
+                raise WorkloadError(f"stages[{i}]: rate inf needs `requests: N` (how many to send at once)")
+            out.append(np.full(count, start))
+            start += _number(f"stages[{i}].seconds", st.get("seconds", 0), 0)
+            continue
+        seconds = _number(f"stages[{i}].seconds", st.get("seconds"), 0)
+        rate = _number(f"stages[{i}].rate", rate_v, 0)
+        if rate > 0 and seconds > 0:
+            expected = rate * seconds
+            times = np.empty(0)
+            t0 = 0.0
+            while t0 < seconds:
+                gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), int(expected * 1.1) + 16)
+                chunk = t0 + np.cumsum(gaps)
+                times = np.concatenate([times, chunk])
+                t0 = float(chunk[-1])
+            out.append(start + times[times < seconds])
+        start += seconds
+    return np.concatenate(out) if out else np.empty(0)
+
+
+def parse(data: Any) -> Workload:
+    if not isinstance(data, dict):
+        raise WorkloadError("the workload must be a mapping with prompt_tokens, output_tokens and stages")
+    known = {"prompt_tokens", "output_tokens", "shared_prefix_tokens", "stages", "burstiness", "seed", "requests",
+             "max_concurrency"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise WorkloadError(f"{unknown[0]}: unknown key; use {', '.join(sorted(known))}")
+    seed = data.get("seed", 0)
+    if not isinstance(seed, int):
+        raise WorkloadError(f"seed: {seed!r} must be an integer")
+    rng = np.random.default_rng(seed)
+    burst = _number("burstiness", data.get("burstiness", 1.0), 1e-6)
+    shared = int(_number("shared_prefix_tokens", data.get("shared_prefix_tokens", 0), 0))
+    conc = data.get("max_concurrency")
+    if conc is not None and (not isinstance(conc, int) or conc < 1):
+        raise WorkloadError(f"max_concurrency: {conc!r} must be a positive integer")
+    if "requests" in data:
+        reqs = data["requests"]
+        if not isinstance(reqs, list) or not reqs:
+            raise WorkloadError("requests: must be a non-empty list of {prompt_tokens, output_tokens[, at]}")
+        prompts = np.array([int(_number(f"requests[{i}].prompt_tokens", r.get("prompt_tokens"), 1))
+                            for i, r in enumerate(reqs)], dtype=np.int64)
+        outputs = np.array([int(_number(f"requests[{i}].output_tokens", r.get("output_tokens"), 1))
+                            for i, r in enumerate(reqs)], dtype=np.int64)
+        if all("at" in r for r in reqs):
+            arrivals = np.array([_number(f"requests[{i}].at", r["at"]) for i, r in enumerate(reqs)])
+        elif "stages" in data:
+            arrivals = _arrivals(data["stages"], burst, rng)[: len(reqs)]
+            if len(arrivals) < len(reqs):
+                raise WorkloadError(f"stages: produce {len(arrivals)} arrivals for {len(reqs)} requests; lengthen them")
+        else:
+            arrivals = np.zeros(len(reqs))
+        order = np.argsort(arrivals, kind="stable")
+        return Workload(arrivals[order], prompts[order], outputs[order], shared, conc)
+    for key in ("prompt_tokens", "output_tokens", "stages"):
+        if key not in data:
+            raise WorkloadError(f"{key}: missing (or give explicit `requests`)")
+    arrivals = _arrivals(data["stages"], burst, rng)
+    n = len(arrivals)
+    prompts = _draw("prompt_tokens", data["prompt_tokens"], n, rng)
+    outputs = _draw("output_tokens", data["output_tokens"], n, rng)
+    return Workload(arrivals, prompts + shared, outputs, shared, conc)
+
+
+def load(path: Path) -> Workload:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise WorkloadError(f"cannot read it: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise WorkloadError(f"not valid YAML/JSON: {' '.join(str(exc).split())}") from None
+    return parse(data)
