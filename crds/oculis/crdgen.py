@@ -70,24 +70,33 @@ TYPE_META = {
 }
 
 
+def kind_description(model: type[BaseModel]) -> str:
+    """The kind's class docstring, on one line: the top-level DESCRIPTION of `kubectl explain`."""
+    return " ".join((model.__doc__ or "").split())
+
+
 def gpuupstream_crd() -> dict[str, Any]:
     spec = schema_of(upstream.GPUUpstreamSpec)
     spec["x-kubernetes-validations"] = upstream.CEL_RULES
     status = schema_of(upstream.GPUUpstreamStatus)
     root = {
         "type": "object",
+        "description": kind_description(upstream.GPUUpstream),
         "required": ["spec"],
         "properties": {
             **TYPE_META,
             "spec": spec,
             "status": status,
         },
-        "x-kubernetes-validations": [upstream.NAME_RULE],
+        "x-kubernetes-validations": [upstream.NAME_RULE, upstream.DNS_NAME_RULE],
     }
+    # READY and REASON are the Ready condition's, so refused, failing and external upstreams show why.
+    ready = '.status.conditions[?(@.type=="Ready")]'
     cols = [
         ("PROVIDER", "string", ".spec.provider"), ("MODEL", "string", ".spec.model"),
         ("GPU", "string", ".status.gpu"), ("REPLICAS", "integer", ".spec.replicas"),
-        ("READY", "integer", ".status.readyReplicas"), ("KV-TOKENS", "integer", ".status.capacity.kvCacheTokens"),
+        ("READY-REPLICAS", "integer", ".status.readyReplicas"), ("READY", "string", f"{ready}.status"),
+        ("REASON", "string", f"{ready}.reason"), ("KV-TOKENS", "integer", ".status.capacity.kvCacheTokens"),
         ("MAX-CONC", "integer", ".status.capacity.maxConcurrency"), ("AGE", "date", ".metadata.creationTimestamp"),
     ]
     return {
@@ -112,7 +121,7 @@ def gpuupstream_crd() -> dict[str, Any]:
 def inferenceroute_crd() -> dict[str, Any]:
     spec = schema_of(inferenceroute.InferenceRouteSpec)
     root: dict[str, Any] = {
-        "type": "object", "required": ["spec"],
+        "type": "object", "description": kind_description(inferenceroute.InferenceRoute), "required": ["spec"],
         "properties": {**TYPE_META, "spec": spec, "status": schema_of(inferenceroute.InferenceRouteStatus)},
         "x-kubernetes-validations": [{"rule": "size(self.metadata.name) <= 63",
                                       "message": "metadata.name must be at most 63 characters"}],

@@ -1,6 +1,7 @@
 """What the validating webhook refuses at apply time: a spec whose single `maxModelLen` sequence or
 weights cannot fit, a draft model with another vocabulary, a tensor-parallel size that does not
-divide the heads, a model (or draft model) outside the catalog without `modelConfig`. (A
+divide the heads, a model (or draft model) outside the catalog without `modelConfig`, a name no
+Service can carry (the CRD's CEL rule says the same; this covers a CRD applied before it). (A
 preemption-storm plan is admitted and reported in status instead: traffic may differ from the plan.)"""
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from pydantic import ValidationError
 
 from oculis.base import format_errors
 from oculis.upstream import GPUUpstreamSpec
-from oculis_operator.reconcile import check
+from oculis_operator.reconcile import check, invalid_name
 
 
-def admission_verdict(spec_body: dict[str, Any]) -> str | None:
+def admission_verdict(spec_body: dict[str, Any], name: str | None = None) -> str | None:
+    if name and (bad := invalid_name(name)):
+        return bad
     try:
         spec = GPUUpstreamSpec.model_validate(spec_body)
     except ValidationError as exc:

@@ -50,14 +50,18 @@ def speculative_config(engine: Engine) -> str | None:
     return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
 
 
-def build(spec: GPUUpstreamSpec, resolved: dict[str, int]) -> list[str]:
+def build(spec: GPUUpstreamSpec, resolved: dict[str, int], alias: str | None = None) -> list[str]:
     """argv after `vllm serve`: the model, then flags in table order, then extraArgs.
 
     `resolved` carries the values the capacity check planned for (profile defaults included), so
-    the engine runs exactly what was checked."""
+    the engine runs exactly what was checked. `alias` (the upstream's name) is served besides the
+    model id and is the name the router asks for: it stays the same when `spec.model` changes, so
+    old and new pods both answer it during the rollout (vLLM answers 404 to a name it does not
+    serve). `--served-model-name` takes several names, so they are separate arguments."""
     engine = spec.engine or Engine()
     tp = spec.gpu.count if spec.gpu else 1
-    argv = [spec.model, "--host=0.0.0.0", f"--port={PORT}", f"--served-model-name={spec.model}",
+    names = [alias, spec.model] if alias and alias != spec.model else [spec.model]
+    argv = [spec.model, "--host=0.0.0.0", f"--port={PORT}", "--served-model-name", *names,
             f"--tensor-parallel-size={tp}"]
     for field, flag, render in FLAGS:
         value = resolved.get(field, getattr(engine, field))

@@ -46,7 +46,10 @@ log = logging.getLogger("oculis.operator")
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.posting.level = logging.WARNING  # our own events say what was done
+    # Normal events (Created, Rolling, Scaled, Reverted) are posted; log lines are not, so each
+    # event is the one kopf.info/kopf.warn call that means it.
+    settings.posting.level = logging.INFO
+    settings.posting.loggers = False
     settings.watching.server_timeout = 300
     memo.metrics = OperatorMetrics()
     # Shared: kopf gives each object a shallow copy of this memo.
@@ -120,11 +123,25 @@ def deployment_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger:
 @kopf.on.event("", "v1", "services", labels={render.UPSTREAM_LABEL: kopf.PRESENT})
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={render.UPSTREAM_LABEL: kopf.PRESENT})
 def owned_object_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    # Only a deletion matters (by hand, or by garbage collection after the upstream went): the
-    # reconcile recreates what its upstream still needs, and does nothing if the upstream is gone.
+    # A deletion (by hand, or by garbage collection after the upstream went) or an edit: the reconcile
+    # recreates or reverts what its upstream still needs, and does nothing if the upstream is gone.
+    meta = body["metadata"]
+    key = (body.get("kind", ""), meta["namespace"], meta["name"])
+    generation = meta.get("generation")
     if type == "DELETED":
-        reconcile_named(memo, body["metadata"]["namespace"], body["metadata"]["labels"][render.UPSTREAM_LABEL],
-                        logger)
+        _seen_generation.pop(key, None)
+    elif body.get("kind") == "PodDisruptionBudget":
+        # A PDB's status moves with every pod; only a new spec (generation) can be a hand edit.
+        if type is None or _seen_generation.get(key, generation) == generation:
+            _seen_generation[key] = generation
+            return
+        _seen_generation[key] = generation
+    elif type != "MODIFIED":
+        return  # listed at start or just created: the Deployment's events reconcile the upstream anyway
+    reconcile_named(memo, meta["namespace"], meta["labels"][render.UPSTREAM_LABEL], logger)
+
+
+_seen_generation: dict[tuple[str, str, str], Any] = {}  # PodDisruptionBudgets' last seen metadata.generation
 
 
 @kopf.on.event(GROUP, VERSION, ROUTES)
@@ -199,8 +216,8 @@ def router_config_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logg
 
 if WEBHOOK_PORT:
     @kopf.on.validate(GROUP, VERSION, PLURAL, operations=["CREATE", "UPDATE"])
-    def validate(spec: kopf.Spec, **_: Any) -> None:
-        refusal = admission_verdict(dict(spec))
+    def validate(spec: kopf.Spec, body: kopf.Body, **_: Any) -> None:
+        refusal = admission_verdict(dict(spec), (body.get("metadata") or {}).get("name"))
         if refusal:
             raise kopf.AdmissionError(refusal, code=422)
 
@@ -218,6 +235,7 @@ def reconcile_named(memo: kopf.Memo, namespace: str, name: str, logger: kopf.Log
                 kube.recheck.discard((namespace, name))
                 kube.external.discard((namespace, name))
                 kube.last_failure.pop((namespace, name), None)
+                kube.reported.pop((namespace, name), None)
                 metrics.observe_upstream((namespace, name), None)
                 return
             reconcile_one(kube, upstream, logger, metrics)
@@ -250,20 +268,26 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     ref = spec.get("apiKeySecretRef") or {}
     dep = None if external else kube.deployment(ns, name)
     rolling = dep is not None and not rollout.progress(dep).complete
+    service = None if external else kube.service(ns, name)
+    pdb = None if external else kube.pdb(ns, name)
     obs = core.Observed(
         name=name, namespace=ns, uid=meta["uid"], generation=meta.get("generation", 1), spec=spec, status=status,
         deployment=dep,
-        has_service=external or kube.has_service(ns, name),
-        has_pdb=external or kube.has_pdb(ns, name),
+        has_service=external or service is not None,
+        has_pdb=external or pdb is not None,
         secret=kube.secret_state(ns, ref["name"], ref.get("key", "api-key")) if external and ref.get("name") else None,
         pending_reasons=kube.pending_reasons(ns, name) if rolling else [],
+        service=service, pdb=pdb,
     )
 
     def spare(product: str) -> int:
         nodes, pods = kube.gpu_nodes_and_pods(product)
         return rollout.spare_gpus(nodes, pods, product)
 
-    out = core.reconcile(obs, spare, _now())
+    def pool(product: str) -> rollout.Pool:
+        return rollout.pool(kube.gpu_nodes(product), product)
+
+    out = core.reconcile(obs, spare, _now(), pool)
     ready = condition(out.status, "Ready")
     metrics.observe_upstream((ns, name), ready.get("status") == "True")
     refused, before = condition(out.status, "CapacityOK"), condition(status, "CapacityOK")
@@ -278,16 +302,28 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         kube.external.add((ns, name))
     else:
         kube.external.discard((ns, name))
+    # The status first: if a write below is refused, it must not keep saying Ready (the write is
+    # retried and reported as ReconcileFailed).
+    if _status_changed(status, out.status):
+        kube.patch_status(ns, name, out.status)
+        render_routes_or_recheck(kube, ns, logger)  # readiness and engine hash feed the router config
     for body in out.create:
         kube.create(body)
     if out.deployment_patch is not None:
         kube.patch_deployment(ns, name, out.deployment_patch)
+    for kind, patch in (("Service", out.service_patch), ("PodDisruptionBudget", out.pdb_patch)):
+        if patch is not None:
+            kube.patch_workload(kind, ns, name, patch)
     for line in out.log:
         logger.info(line)
         kopf.info(kopf.Body(upstream), reason="Reconciled", message=line[:1000])  # type: ignore[arg-type]
-    if _status_changed(status, out.status):
-        kube.patch_status(ns, name, out.status)
-        render_routes_or_recheck(kube, ns, logger)  # readiness and engine hash feed the router config
+    # Each problem once while it lasts (reconciles repeat on every Deployment event), again if it recurs.
+    before_warnings, now_warnings = kube.reported.get((ns, name), {}), dict(out.warnings)
+    for reason, message in now_warnings.items():
+        if before_warnings.get(reason) != message:
+            logger.warning(message)
+            kopf.warn(kopf.Body(upstream), reason=reason, message=message[:1000])  # type: ignore[arg-type]
+    kube.reported[(ns, name)] = now_warnings
 
 
 def _only_status_moved(type: str | None, body: kopf.Body) -> bool:

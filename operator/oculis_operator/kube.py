@@ -15,6 +15,9 @@ from kubernetes.client.exceptions import ApiException
 from oculis_operator import render
 
 GROUP, VERSION, PLURAL = "oculis.dev", "v1alpha1", "gpuupstreams"
+# Our patches are JSON merge patches (drift.revert_patch): lists replaced whole and null removing a key,
+# which the client's default (strategic merge: env and other keyed lists merged) cannot express.
+MERGE = "application/merge-patch+json"
 
 
 def load_client() -> client.ApiClient:
@@ -40,6 +43,7 @@ class Kube:
         self.recheck_routes: set[str] = set()  # namespaces whose router config failed to render
         self.external: set[tuple[str, str]] = set()  # external upstreams with a Secret reference
         self.last_failure: dict[tuple[str, str], str] = {}  # the failure last reported per upstream
+        self.reported: dict[tuple[str, str], dict[str, str]] = {}  # warnings (reason -> message) last posted
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
 
@@ -72,20 +76,22 @@ class Kube:
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._raw(self.apps.read_namespaced_deployment, render.workload_name(name), namespace)
 
-    def has_service(self, namespace: str, name: str) -> bool:
-        return self._raw(self.core.read_namespaced_service, render.workload_name(name), namespace) is not None
+    def service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._raw(self.core.read_namespaced_service, render.workload_name(name), namespace)
 
-    def has_pdb(self, namespace: str, name: str) -> bool:
-        return (
-            self._raw(self.policy.read_namespaced_pod_disruption_budget, render.workload_name(name), namespace)
-            is not None
-        )
+    def pdb(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._raw(self.policy.read_namespaced_pod_disruption_budget, render.workload_name(name), namespace)
 
     def secret_state(self, namespace: str, name: str, key: str) -> str:
         secret = self._raw(self.core.read_namespaced_secret, name, namespace)  # the value is never logged
         if secret is None:
             return "missing-secret"
         return "ok" if key in (secret.get("data") or {}) or key in (secret.get("stringData") or {}) else "missing-key"
+
+    def gpu_nodes(self, gfd_product: str) -> list[dict[str, Any]]:
+        nodes = self._raw(self.core.list_node, label_selector=f"nvidia.com/gpu.product={gfd_product}") or {}
+        items: list[dict[str, Any]] = nodes.get("items", [])
+        return items
 
     def gpu_nodes_and_pods(self, gfd_product: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         nodes = self._raw(self.core.list_node, label_selector=f"nvidia.com/gpu.product={gfd_product}") or {}
@@ -127,7 +133,14 @@ class Kube:
 
     def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._count()
-        self.apps.patch_namespaced_deployment(render.workload_name(name), namespace, patch)
+        self.apps.patch_namespaced_deployment(render.workload_name(name), namespace, patch, _content_type=MERGE)
+
+    def patch_workload(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """A JSON merge patch of the Service or PodDisruptionBudget we made (drift.revert_patch)."""
+        self._count()
+        call = (self.core.patch_namespaced_service if kind == "Service"
+                else self.policy.patch_namespaced_pod_disruption_budget)
+        call(render.workload_name(name), namespace, patch, _content_type=MERGE)
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any], plural: str = PLURAL) -> None:
         self._count()

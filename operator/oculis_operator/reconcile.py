@@ -1,11 +1,16 @@
 """One GPUUpstream's desired world, from its spec and what was observed. Pure: no API calls.
 
 Returns the writes to make (maybe none) and the status to report. A change whose plan does not fit
-is refused here, before any write: the running Deployment is left exactly as it was.
+is refused here, before any write: the running Deployment is left exactly as it was. What we made
+stays as we made it: a hand edit of the Deployment, Service or PodDisruptionBudget (compared field
+by field with what we render, `drift.py`) is reverted and reported, and the status is not Ready
+until the live objects are ours again. A GPU request no node of the product can ever host is
+Degraded (`NoNodeCanHost`, `ExceedsPool`), not silently Pending.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,8 +20,8 @@ from pydantic import ValidationError
 from oculis import gpus
 from oculis.base import format_errors
 from oculis.router import PROVIDER_URLS
-from oculis.upstream import Engine, GPUUpstreamSpec
-from oculis_operator import capacity, catalog, engine_args, render, rollout
+from oculis.upstream import DNS_1035, MAX_NAME, Engine, GPUUpstreamSpec
+from oculis_operator import capacity, catalog, drift, engine_args, render, rollout
 from oculis_operator.conditions import Conditions
 
 
@@ -33,19 +38,37 @@ class Observed:
     has_pdb: bool = True
     secret: str | None = None  # external: "ok", "missing-secret", "missing-key"
     pending_reasons: list[str] = field(default_factory=list)
+    service: dict[str, Any] | None = None  # the live objects, compared with what we render
+    pdb: dict[str, Any] | None = None
 
 
 @dataclass
 class Outcome:
     status: dict[str, Any]
     create: list[dict[str, Any]] = field(default_factory=list)
-    deployment_patch: dict[str, Any] | None = None  # merge patch for the existing Deployment
-    log: list[str] = field(default_factory=list)
+    deployment_patch: dict[str, Any] | None = None  # JSON merge patch for the existing Deployment
+    service_patch: dict[str, Any] | None = None  # JSON merge patches reverting hand edits
+    pdb_patch: dict[str, Any] | None = None
+    log: list[str] = field(default_factory=list)  # what was done: logged and posted as Normal events
+    # (reason, message) of what is wrong: posted as Warning events once while it lasts
+    warnings: list[tuple[str, str]] = field(default_factory=list)
 
 
-def reconcile(obs: Observed, spare_gpus: Callable[[str], int], now: str) -> Outcome:
+# CapacityOK reasons say what was refused, per error code of the plan.
+REFUSAL_REASONS = {capacity.KV_EXHAUSTED: "KVCacheExhausted", capacity.TP_MISMATCH: "TensorParallelHeads"}
+
+
+def reconcile(obs: Observed, spare_gpus: Callable[[str], int], now: str,
+              pool: Callable[[str], rollout.Pool] | None = None) -> Outcome:
+    """`spare_gpus(gfd_product)`: the most free GPUs on one node (asked only when rolling);
+    `pool(gfd_product)`: the product's nodes (asked only while some replica is not running)."""
     conds = Conditions(obs.status.get("conditions", []), obs.generation, now)
     status: dict[str, Any] = {"observedGeneration": obs.generation}
+    bad_name = invalid_name(obs.name)
+    if bad_name:
+        conds.set("Degraded", "True", "InvalidName", bad_name)
+        conds.set("Ready", "False", "InvalidName", bad_name)
+        return Outcome({**obs.status, **status, "conditions": conds.items}, warnings=[("InvalidName", bad_name)])
     try:
         spec = GPUUpstreamSpec.model_validate(obs.spec)
     except ValidationError as exc:
@@ -55,7 +78,7 @@ def reconcile(obs: Observed, spare_gpus: Callable[[str], int], now: str) -> Outc
         return Outcome({**obs.status, **status, "conditions": conds.items})
     if not spec.self_hosted:
         return _external(obs, spec, conds, status)
-    return _self_hosted(obs, spec, conds, status, spare_gpus)
+    return _self_hosted(obs, spec, conds, status, spare_gpus, pool)
 
 
 def _external(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status: dict[str, Any]) -> Outcome:
@@ -76,7 +99,18 @@ def _external(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status: d
     return Outcome({**status, "conditions": conds.items})
 
 
+def invalid_name(name: str) -> str | None:
+    """Why no Service can be named after this upstream, or None. (The CRD refuses such names at apply;
+    this catches objects stored before that rule.)"""
+    if re.fullmatch(DNS_1035, name) and len(name) <= MAX_NAME:
+        return None
+    return (f"metadata.name {name!r} is not a DNS-1035 label of at most {MAX_NAME} characters (lower-case letters, "
+            "digits and '-', starting with a letter), so its Service cannot exist; nothing was created: recreate the "
+            "upstream under a name like llama-8b")
+
+
 def _refuse(obs: Observed, conds: Conditions, status: dict[str, Any], reason: str, msg: str) -> Outcome:
+    status["capacity"] = None  # no KV-TOKENS / MAX-CONC for a spec that is not deployed
     conds.set("CapacityOK", "False", reason, msg)
     running = obs.status.get("engineHash")
     where = f"the running Deployment is unchanged (engine hash {running})" if obs.deployment else "nothing deployed"
@@ -84,11 +118,11 @@ def _refuse(obs: Observed, conds: Conditions, status: dict[str, Any], reason: st
     conds.set("Progressing", "False", "ChangeRefused", f"change refused; {where}")
     conds.set("Degraded", "True", "ChangeRefused", f"change refused; {where}")
     keep = {k: v for k, v in obs.status.items() if k not in ("conditions", "observedGeneration")}
-    return Outcome({**keep, **status, "conditions": conds.items}, log=[msg])
+    return Outcome({**keep, **status, "conditions": conds.items}, warnings=[("ChangeRefused", msg)])
 
 
 def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status: dict[str, Any],
-                 spare_gpus: Callable[[str], int]) -> Outcome:
+                 spare_gpus: Callable[[str], int], pool: Callable[[str], rollout.Pool] | None) -> Outcome:
     assert spec.gpu is not None
     product = gpus.lookup(spec.gpu.product)
     status["gpu"] = f"{spec.gpu.product} x{spec.gpu.count}"
@@ -97,16 +131,17 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
     if isinstance(verdict, tuple):
         return _refuse(obs, conds, status, *verdict)
     plan = verdict
+    if not plan.fits:
+        return _refuse(obs, conds, status, REFUSAL_REASONS.get(plan.error_code or "", "KVCacheExhausted"),
+                       plan.message)
     status["capacity"] = {"gpuMemoryBytes": plan.gpu_memory_bytes, "weightsBytesPerGpu": plan.weights_bytes_per_gpu,
                           "kvBytesPerToken": plan.kv_bytes_per_token, "kvCacheTokens": plan.kv_cache_tokens,
                           "maxConcurrency": plan.max_concurrency}
-    if not plan.fits:
-        return _refuse(obs, conds, status, "KVCacheExhausted", plan.message)
     conds.set("CapacityOK", "True", "Fits", plan.message)
     resolved = {"max_model_len": plan.max_model_len, "max_num_seqs": plan.max_num_seqs,
                 "max_num_batched_tokens": plan.max_num_batched_tokens}
     try:
-        argv = engine_args.build(spec, resolved)
+        argv = engine_args.build(spec, resolved, alias=obs.name)
     except engine_args.ExtraArgError as exc:
         return _refuse(obs, conds, status, "InvalidEngineArgs", str(exc))
 
@@ -118,7 +153,15 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
                                 current_strategy or {"maxSurge": 1, "maxUnavailable": 0})
     desired_hash = desired["spec"]["template"]["metadata"]["annotations"][render.ENGINE_HASH]
     status["desiredEngineHash"] = desired_hash
-    if existing is None or _ann(existing, render.SPEC_HASH) != _ann(desired, render.SPEC_HASH):
+    # Same spec as last written: whatever else differs was edited by hand (replicas aside: scaling
+    # never restarts pods, and is handled below).
+    same_spec = existing is not None and _ann(existing, render.SPEC_HASH) == _ann(desired, render.SPEC_HASH)
+    edited = [d for d in drift.differences(desired, existing, drift.DEPLOYMENT) if d != "spec.replicas"] \
+        if same_spec else []
+    reverted = [f"Deployment {desired['metadata']['name']}: {', '.join(edited)}"] if edited else []
+    if edited:
+        out.deployment_patch = drift.revert_patch(desired, existing, drift.DEPLOYMENT)
+    elif not same_spec:
         strat = rollout.choose_strategy(spec.rollout, spare_gpus(product.gfd_product), spec.gpu.count,
                                         spec.gpu.product)
         desired["spec"]["strategy"]["rollingUpdate"] = strat.rolling_update
@@ -127,23 +170,68 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
             out.create.append(desired)
             out.log.append(f"Created Deployment {desired['metadata']['name']} ({strat.reason})")
         else:
-            out.deployment_patch = {"metadata": {"annotations": desired["metadata"]["annotations"]},
-                                    "spec": desired["spec"]}
+            out.deployment_patch = drift.revert_patch(desired, existing, drift.DEPLOYMENT)
             out.log.append(f"Rolling Deployment {desired['metadata']['name']} to engine hash {desired_hash} "
                            f"({strat.reason})")
-    elif int(existing.get("spec", {}).get("replicas", 1)) != desired["spec"]["replicas"]:
+    elif existing is not None and int(existing.get("spec", {}).get("replicas", 1)) != desired["spec"]["replicas"]:
         out.deployment_patch = {"spec": {"replicas": desired["spec"]["replicas"]}}  # no pod restarts
         out.log.append(f"Scaled Deployment {desired['metadata']['name']} to {desired['spec']['replicas']}")
+    service = render.service(obs.name, obs.namespace, obs.uid)
+    pdb = render.pod_disruption_budget(obs.name, obs.namespace, obs.uid)
     if not obs.has_service:
-        out.create.append(render.service(obs.name, obs.namespace, obs.uid))
+        out.create.append(service)
+    elif obs.service is not None and (edits := drift.differences(service, obs.service, drift.SERVICE)):
+        out.service_patch = drift.revert_patch(service, obs.service, drift.SERVICE)
+        reverted.append(f"Service {service['metadata']['name']}: {', '.join(edits)}")
     if not obs.has_pdb:
-        out.create.append(render.pod_disruption_budget(obs.name, obs.namespace, obs.uid))
+        out.create.append(pdb)
+    elif obs.pdb is not None and (edits := drift.differences(pdb, obs.pdb, drift.PDB)):
+        out.pdb_patch = drift.revert_patch(pdb, obs.pdb, drift.PDB)
+        reverted.append(f"PodDisruptionBudget {pdb['metadata']['name']}: {', '.join(edits)}")
+    if reverted:
+        out.log.append(f"Reverted hand edits of {'; '.join(reverted)}")
+        out.warnings.append(("DriftReverted", f"reverted hand edits of {'; '.join(reverted)}; the GPUUpstream owns "
+                                              "these fields, so change its spec instead"))
 
     status["rollout"] = strategy_reason
-    _report_progress(obs, existing, desired_hash, out.deployment_patch is not None or existing is None,
-                     conds, status)
+    done = _report_progress(obs, existing, desired_hash, out.deployment_patch is not None or existing is None,
+                            conds, status)
+    if reverted:
+        # Never Ready while a live object differs from what we own; the next reconcile sees the revert.
+        conds.set("Ready", "False", "DriftReverted", f"hand edits reverted ({'; '.join(reverted)}); waiting for the "
+                  "live objects to match the spec again")
+    if not done and pool is not None:
+        _check_hostable(spec, obs, pool(product.gfd_product), product.gfd_product, conds, out)
     out.status = {**status, "conditions": conds.items}
     return out
+
+
+def _check_hostable(spec: GPUUpstreamSpec, obs: Observed, nodes: rollout.Pool, gfd: str, conds: Conditions,
+                    out: Outcome) -> None:
+    """Degraded when no node of the product can ever run a replica, or the replicas can never all run."""
+    assert spec.gpu is not None
+    count, product = spec.gpu.count, spec.gpu.product
+    replicas = spec.replicas if spec.replicas is not None else 1
+    fits = nodes.replicas_that_fit(count)
+    if not nodes.allocatable:
+        reason = "NoNodeCanHost"
+        msg = (f"no node has {gpus.GPU_PRODUCT_LABEL}={gfd} ({product}), so no replica can be scheduled; its pods "
+               "stay Pending until such a node joins: add a node pool of that product or change spec.gpu.product")
+    elif count > max(nodes.allocatable):
+        reason = "NoNodeCanHost"
+        msg = (f"no node offers {count} {gpus.GPU_RESOURCE} of {product} ({gfd}): the largest of its "
+               f"{len(nodes.allocatable)} nodes has {max(nodes.allocatable)}; lower spec.gpu.count to at most "
+               f"{max(nodes.allocatable)} or add larger nodes")
+    elif replicas > fits:
+        reason = "ExceedsPool"
+        msg = (f"replicas {replicas} x gpu.count {count} exceed what the {product} nodes can ever hold: "
+               f"{len(nodes.allocatable)} nodes with {sum(nodes.allocatable)} {gpus.GPU_RESOURCE} in all fit at "
+               f"most {fits} replicas, the other {replicas - fits} stay Pending; lower spec.replicas or add nodes")
+    else:
+        return
+    conds.set("Degraded", "True", reason, msg)
+    conds.set("Ready", "False", reason, msg)
+    out.warnings.append((reason, msg))
 
 
 def check(spec: GPUUpstreamSpec) -> capacity.Plan | tuple[str, str]:
@@ -169,20 +257,23 @@ def check(spec: GPUUpstreamSpec) -> capacity.Plan | tuple[str, str]:
 
 
 def _report_progress(obs: Observed, existing: dict[str, Any] | None, desired_hash: str, writing: bool,
-                     conds: Conditions, status: dict[str, Any]) -> None:
+                     conds: Conditions, status: dict[str, Any]) -> bool:
+    """Set the progress conditions; True when every replica runs the desired engine."""
     status["engineHash"] = obs.status.get("engineHash")
     if existing is None:
         status.update(replicas=0, readyReplicas=0, updatedReplicas=0)
         conds.set("Progressing", "True", "Creating", "creating the Deployment")
         conds.set("Ready", "False", "Creating", "no replica is ready yet")
         conds.set("Degraded", "False", "AsExpected", "")
-        return
+        return False
     prog = rollout.progress(existing)
     running_hash = _template_hash(existing)
     status.update(replicas=prog.replicas, readyReplicas=prog.ready, updatedReplicas=prog.updated)
     done = prog.complete and not writing and running_hash == desired_hash
     if prog.complete and running_hash:
         status["engineHash"] = running_hash if not writing else obs.status.get("engineHash", running_hash)
+    # Every replica answers the alias only once all run the current template (engine_args.build).
+    status["servedModel"] = obs.name if done else obs.status.get("servedModel")
     waiting = "; ".join(sorted(set(obs.pending_reasons)))
     if done:
         conds.set("Progressing", "False", "RolloutComplete", f"all {prog.replicas} replicas run engine hash "
@@ -198,6 +289,7 @@ def _report_progress(obs: Observed, existing: dict[str, Any] | None, desired_has
                   msg + (f"; waiting: {waiting}" if waiting else ""))
         conds.set("Ready", "False", "RollingUpdate", f"not every replica runs engine hash {desired_hash} yet")
         conds.set("Degraded", "False", "AsExpected", "")
+    return done
 
 
 def _ann(obj: dict[str, Any], key: str) -> str | None:

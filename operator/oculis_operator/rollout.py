@@ -41,6 +41,24 @@ def spare_gpus(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], gfd_prod
     return best
 
 
+@dataclass(frozen=True)
+class Pool:
+    """The schedulable nodes of one GPU product, by their allocatable GPUs."""
+
+    allocatable: tuple[int, ...]
+
+    def replicas_that_fit(self, gpus_per_replica: int) -> int:
+        """How many replicas of this size the nodes could ever hold, were they empty."""
+        return sum(a // gpus_per_replica for a in self.allocatable)
+
+
+def pool(nodes: list[dict[str, Any]], gfd_product: str) -> Pool:
+    return Pool(tuple(
+        int(n.get("status", {}).get("allocatable", {}).get(gpus.GPU_RESOURCE, 0)) for n in nodes
+        if n.get("metadata", {}).get("labels", {}).get(gpus.GPU_PRODUCT_LABEL) == gfd_product
+        and not n.get("spec", {}).get("unschedulable")))
+
+
 def choose_strategy(rollout: Rollout | None, spare: int, gpus_per_replica: int, product: str) -> Strategy:
     r = rollout or Rollout()
     if r.strategy == "Manual" or r.max_surge is not None or r.max_unavailable is not None:

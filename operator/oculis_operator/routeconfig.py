@@ -67,7 +67,10 @@ def key_env(name: str) -> str:
 def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     meta, spec, status = obj["metadata"], obj.get("spec", {}), obj.get("status") or {}
     name = meta["name"]
-    entry: dict[str, Any] = {"name": name, "provider": spec["provider"], "model": spec.get("model")}
+    # A self-hosted upstream is asked for the stable alias its every replica serves (status.servedModel,
+    # its own name), so a spec.model change keeps answering while old and new pods overlap.
+    entry: dict[str, Any] = {"name": name, "provider": spec["provider"],
+                             "model": (spec["provider"] == "vllm" and status.get("servedModel")) or spec.get("model")}
     if spec.get("pricing"):
         entry["pricing"] = {
             k: v

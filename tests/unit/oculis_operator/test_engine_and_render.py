@@ -21,7 +21,7 @@ def test_flags_from_the_table_then_extra_args() -> None:
                      "kvCacheDtype": "fp8", "prefixCaching": False, "extraArgs": ["--enforce-eager"]})
     argv = engine_args.build(s, {})
     assert argv[0] == "meta-llama/Llama-3.1-8B-Instruct"
-    assert argv[1:] == ["--host=0.0.0.0", "--port=8000", "--served-model-name=meta-llama/Llama-3.1-8B-Instruct",
+    assert argv[1:] == ["--host=0.0.0.0", "--port=8000", "--served-model-name", "meta-llama/Llama-3.1-8B-Instruct",
                         "--tensor-parallel-size=2", "--max-model-len=8192", "--max-num-seqs=32",
                         "--max-num-batched-tokens=4096", "--scheduling-policy=priority",
                         "--gpu-memory-utilization=0.92", "--kv-cache-dtype=fp8", "--no-enable-prefix-caching",
