@@ -62,7 +62,8 @@ def key_fields(cfg: ResponseCache, body: dict[str, Any]) -> dict[str, Any]:
 
 def cache_key(cfg: ResponseCache, body: dict[str, Any], tenant: str, upstream: Upstream, endpoint: str) -> str:
     parts: dict[str, Any] = {
-        "request": key_fields(cfg, body), "endpoint": endpoint, "tenant": tenant,
+        # `ignored` too: replicas sharing Redis mid-rollout of a changed `cache.ignore` never mix entries.
+        "request": key_fields(cfg, body), "ignored": sorted(cfg.ignore), "endpoint": endpoint, "tenant": tenant,
         # What the upstream's config feeds into the answer besides the request.
         "upstream": upstream.name, "revision": upstream.revision, "provider": upstream.provider,
         "model": upstream.model, "default_max_tokens": upstream.default_max_tokens,
@@ -86,11 +87,17 @@ def storable(endpoint: str, answer: dict[str, Any]) -> bool:
     """Whether `answer` can be replayed exactly, whole and as a stream: it survives being cut into
     chunks and rebuilt from them. Not cached, because a replay would lose part of them: answers with
     fields a stream has no place for (`message.audio`, non-empty `annotations`, unknown structured
-    fields), answers without usage, answers with no choices, and (see StreamCollector.response)
+    fields), answers without usage, answers with no choices, a `tool_calls` finish without the calls,
+    and (see StreamCollector.response)
     streams that did not finish, carried an error event or a chunk the rebuild cannot keep."""
     if not isinstance(answer.get("choices"), list) or not answer["choices"]:
         return False
     if not all(isinstance(c, dict) for c in answer["choices"]):
+        return False
+    # "tool_calls" with no call is an answer that lost its calls on the way (a lossy translation): an
+    # agent replaying it would get an empty assistant turn, every time instead of once.
+    if any(c.get("finish_reason") == "tool_calls" and not (c.get("message") or {}).get("tool_calls")
+           for c in answer["choices"]):
         return False
     rebuilt = StreamCollector(endpoint)
     for chunk in encode(chunks_of(answer, endpoint)):

@@ -117,6 +117,7 @@ def test_cache_key_covers_the_upstream_config_that_shapes_the_answer() -> None:
 def test_cache_ignore_leaves_out_what_the_operator_names_but_never_the_question() -> None:
     cfg = ResponseCache(enabled=True, ignore=["seed"])
     assert key({**CHAT, "seed": 1}, cfg) == key({**CHAT, "seed": 2}, cfg)
+    assert key(CHAT, cfg) != key(CHAT)  # replicas with another `ignore` (mid-rollout) never share entries
     assert key({**CHAT, "top_p": 0.5}, cfg) != key(CHAT, cfg)
     for question in ("messages", "prompt", "suffix", "model"):
         with pytest.raises(ValidationError) as err:

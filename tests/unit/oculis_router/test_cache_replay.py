@@ -149,6 +149,8 @@ def test_a_prompt_list_keeps_one_choice_per_prompt() -> None:
     ("an unknown structured field", {**chat_answer(content="x"), "prompt_logprobs": [{"1": -0.1}]}),
     ("no usage", {**chat_answer(content="x"), "usage": None}),
     ("no choices", {**chat_answer(content="x"), "choices": []}),
+    ("a tool_calls finish that lost its calls", {**chat_answer(content=""), "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "tool_calls"}]}),
 ])
 def test_answers_that_cannot_be_replayed_faithfully_are_not_stored(name: str, answer: dict[str, Any]) -> None:
     assert not cache.storable("chat", answer), name
