@@ -85,7 +85,7 @@ async def recheck(memo: kopf.Memo) -> None:
                 await asyncio.to_thread(reconcile_named, memo, namespace, name, named)
         for namespace in sorted(kube.recheck_routes):
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(render_routes_or_recheck, kube, namespace, log)
+                await asyncio.to_thread(render_routes_or_recheck, kube, namespace, log, True)
 
 
 class Prefixed(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -148,12 +148,12 @@ _seen_generation: dict[tuple[str, str, str], Any] = {}  # PodDisruptionBudgets' 
 def route_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     if _only_status_moved(type, body):
         return  # our own status write
-    render_routes_or_recheck(memo.kube, body["metadata"]["namespace"], logger)
+    render_routes_or_recheck(memo.kube, body["metadata"]["namespace"], logger, sweep=True)
 
 
-def render_routes_or_recheck(kube: Kube, namespace: str, logger: kopf.Logger) -> None:
+def render_routes_or_recheck(kube: Kube, namespace: str, logger: kopf.Logger, sweep: bool = False) -> None:
     try:
-        render_routes(kube, namespace, logger)
+        render_routes(kube, namespace, logger, sweep)
         kube.recheck_routes.discard(namespace)
     except (ApiException, HTTPError) as err:
         if going_away(err):
@@ -163,11 +163,15 @@ def render_routes_or_recheck(kube: Kube, namespace: str, logger: kopf.Logger) ->
                        f"{api_error_line(err)}")
 
 
-def render_routes(kube: Kube, namespace: str, logger: kopf.Logger) -> None:
+def render_routes(kube: Kube, namespace: str, logger: kopf.Logger, sweep: bool = False) -> None:
     """Make each router ConfigMap of the namespace equal the routes that name it (written only when
-    the live one differs, hand edits included; deleted when no route names it), then the statuses."""
+    the live one differs, hand edits included; deleted when no route names it), then the statuses.
+    `sweep`: also when the namespace has no route (a route or ConfigMap event: one may be left over);
+    an upstream's change in a namespace without routes costs one list, not two."""
     with kube.lock_for(namespace, "\x00routes"):
         routes = kube.list_custom(namespace, ROUTES)
+        if not routes and not sweep:
+            return
         live = {cm["metadata"]["name"]: cm for cm in kube.config_maps(namespace, routeconfig.SELECTOR)}
         if not routes and not live:
             return
@@ -211,7 +215,7 @@ def router_config_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logg
                         **_: Any) -> None:
     # A router ConfigMap edited or deleted by hand is rewritten from the routes; after our own
     # write this renders once more and finds nothing to do.
-    render_routes_or_recheck(memo.kube, body["metadata"]["namespace"], logger)
+    render_routes_or_recheck(memo.kube, body["metadata"]["namespace"], logger, sweep=True)
 
 
 if WEBHOOK_PORT:
