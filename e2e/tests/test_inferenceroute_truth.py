@@ -91,6 +91,20 @@ def test_a_broken_then_deleted_last_route_leaves_the_config_map(r: Routes) -> No
     eventually(lambda: r.cm() is None, what="ConfigMap deleted with its last route")
 
 
+def test_the_garbage_collector_removes_the_config_map_with_its_last_route_while_the_operator_is_down(
+        r: Routes, operator: Any) -> None:
+    r.upstream("gpt")
+    r.route("solo", "gpt")
+    eventually(lambda: r.routes_in() == ["solo"], what="solo rendered")
+    operator.stop()
+    try:
+        r.delete_route("solo")
+        eventually(lambda: r.cm() is None, what="ConfigMap collected by its owner reference")
+    finally:
+        operator.start()
+        operator.wait_ready(operator.webhook_registered)
+
+
 def test_each_config_map_holds_only_the_routes_that_name_it_and_follows_a_move(r: Routes) -> None:
     r.upstream("gpt")
     r.route("a", "gpt")
