@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ from pydantic import ValidationError
 
 from oculis.base import format_errors
 from oculis.inferenceroute import DEFAULT_CONFIG_MAP, InferenceRouteSpec
-from oculis.router import RouterConfig, Upstream
+from oculis.router import NAME_PATTERN, RouterConfig, Upstream
 from oculis_operator import render
 from oculis_operator.conditions import condition
 
@@ -192,6 +193,12 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
             verdicts[name] = RouteVerdict(False, "InvalidSpec", one_line(exc, "spec"))
             continue
         tiers = ", ".join(f"{t.name}->{t.upstream}" for t in spec.tiers)
+        if not re.fullmatch(NAME_PATTERN, name):  # a valid object name can still have dots
+            verdicts[name] = RouteVerdict(
+                False, "InvalidName",
+                f"metadata.name {name!r} cannot be a route name, which clients send as `model`: use lowercase "
+                f"letters, digits and '-' (no dots); {LEFT_OUT}", tiers)
+            continue
         if name in by_name:
             verdicts[name] = RouteVerdict(
                 False, "NameCollision",

@@ -97,8 +97,8 @@ def test_a_route_the_router_would_refuse_costs_only_that_route() -> None:
     # A dotted name is a valid object name but not a router route name (clients send it as `model`).
     out = routeconfig.render_namespace([ir("good", "small"), ir("dotted.name", "small")], [gu("small")])
     assert out.routes["good"].ready and routes_in(out) == ["good"]
-    assert out.routes["dotted.name"].reason == "InvalidRouterConfig"
-    assert "routes.0.name" in out.routes["dotted.name"].message
+    assert out.routes["dotted.name"].reason == "InvalidName"
+    assert "metadata.name 'dotted.name' cannot be a route name" in out.routes["dotted.name"].message
 
 
 def test_openai_compatible_upstreams_need_a_base_url_at_apply() -> None:
