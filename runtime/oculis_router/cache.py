@@ -85,25 +85,28 @@ def _pruned(value: Any) -> Any:
 
 def storable(endpoint: str, answer: dict[str, Any]) -> bool:
     """Whether `answer` can be replayed exactly, whole and as a stream: it survives being cut into
-    chunks and rebuilt from them. Not cached, because a replay would lose part of them: answers with
+    chunks and rebuilt from them. Not stored, because a replay would lose part of them: answers with
     fields a stream has no place for (`message.audio`, non-empty `annotations`, unknown structured
-    fields), answers without usage, answers with no choices, a `tool_calls` finish without the calls,
-    and (see StreamCollector.response)
-    streams that did not finish, carried an error event or a chunk the rebuild cannot keep."""
-    if not isinstance(answer.get("choices"), list) or not answer["choices"]:
-        return False
-    if not all(isinstance(c, dict) for c in answer["choices"]):
+    fields), without usage or choices, or with a `tool_calls` finish but no calls; and streams (see
+    StreamCollector.response) that did not finish, carried an error event or a chunk the rebuild
+    cannot keep."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
         return False
     # "tool_calls" with no call is an answer that lost its calls on the way (a lossy translation): an
     # agent replaying it would get an empty assistant turn, every time instead of once.
-    if any(c.get("finish_reason") == "tool_calls" and not (c.get("message") or {}).get("tool_calls")
-           for c in answer["choices"]):
+    for c in choices:
+        msg = c.get("message")
+        if c.get("finish_reason") == "tool_calls" and not (isinstance(msg, dict) and msg.get("tool_calls")):
+            return False
+    try:
+        rebuilt = StreamCollector(endpoint)
+        for chunk in encode(chunks_of(answer, endpoint)):
+            rebuilt.feed(chunk)
+        again = rebuilt.response()
+        return again is not None and _pruned(again) == _pruned(answer)
+    except RecursionError:  # nested too deep to serialise again: not worth keeping
         return False
-    rebuilt = StreamCollector(endpoint)
-    for chunk in encode(chunks_of(answer, endpoint)):
-        rebuilt.feed(chunk)
-    again = rebuilt.response()
-    return again is not None and _pruned(again) == _pruned(answer)
 
 
 def stream_wants_usage(body: dict[str, Any]) -> bool:

@@ -53,7 +53,7 @@ class StreamCollector:
                     continue
                 try:
                     chunk = json.loads(payload)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
                     self.faithful = False
                     continue
                 if isinstance(chunk, dict):
@@ -197,17 +197,24 @@ def chunks_of(answer: dict[str, Any], endpoint: str = "chat", include_usage: boo
     def emit(index: int, **fields: Any) -> None:
         out.append({**base, "choices": [{"index": index, **fields}]})
 
+    # Shapes a stream cannot carry are skipped here, never raised on: the rebuilt answer then differs
+    # from the original, which is how `cache.storable` tells them apart.
     for choice in answer.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
         index = choice.get("index", 0)
         logprobs = choice.get("logprobs")
         endings = {k: choice[k] for k in ENDINGS[1:] if choice.get(k) is not None}
         if endpoint == "chat":
-            msg = choice.get("message") or {}
+            msg = choice.get("message")
+            msg = msg if isinstance(msg, dict) else {}
             first = {"role": msg.get("role", "assistant"), "content": msg.get("content"),
                      **{k: v for k, v in msg.items() if k not in ("role", "content") and isinstance(v, str)}}
             emit(index, delta=first, logprobs=logprobs, finish_reason=None)
-            for i, call in enumerate(msg.get("tool_calls") or []):
-                emit(index, delta={"tool_calls": [{"index": i, **call}]}, logprobs=None, finish_reason=None)
+            calls = msg.get("tool_calls")
+            for i, call in enumerate(calls if isinstance(calls, list) else []):
+                if isinstance(call, dict):
+                    emit(index, delta={"tool_calls": [{"index": i, **call}]}, logprobs=None, finish_reason=None)
             if msg.get("function_call"):
                 emit(index, delta={"function_call": msg["function_call"]}, logprobs=None, finish_reason=None)
             emit(index, delta={}, logprobs=None, finish_reason=choice.get("finish_reason"), **endings)
