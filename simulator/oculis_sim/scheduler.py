@@ -270,7 +270,8 @@ class Scheduler:
             if h is None or h in pool.refs or len(req.shared) != i:
                 i = len(req.hashes)  # the rest stays private
                 break
-            pool.refs[h] = 1
+            pool.refs[h] = 1  # the block changes hands: private -> cached
+            pool.private -= 1
             req.shared.append(h)
             req.blocks -= 1
             i += 1

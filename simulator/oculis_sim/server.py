@@ -425,7 +425,7 @@ async def honesty(request: web.Request, handler: Callable[[web.Request], Awaitab
 
 
 def build_app(settings: Settings) -> web.Application:
-    disable_created_metrics()  # vLLM exports no `_created` series
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # vLLM exports no `_created` series
     sim = SimServer(settings)
     app = web.Application(middlewares=[honesty], client_max_size=64 * 2**20)
 

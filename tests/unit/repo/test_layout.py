@@ -33,16 +33,28 @@ def test_router_and_schema_import_no_kopf_or_kubernetes() -> None:
 
 def test_every_import_package_is_declared_for_the_wheel() -> None:
     # An undeclared subpackage works from the editable checkout but is missing from the installed
-    # wheel, i.e. from the images (how oculis_router.providers once went missing).
+    # wheel, i.e. from the images (how oculis_router.providers once went missing). setuptools finds the
+    # packages under each source root; each top-level one must map to its own folder.
     import tomllib
 
+    from setuptools import find_packages
+
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    roots = cfg["packages"]["find"]["where"]
     found = set()
-    for top, folder in cfg["package-dir"].items():
+    for folder in cfg["package-dir"].values():
         for init in (ROOT / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(ROOT / folder)
-            found.add(".".join([top, *rel.parts]))
-    assert found == set(cfg["packages"])
+            found.add(".".join(init.parent.relative_to(ROOT / folder.split("/")[0]).parts))
+    assert found == {p for root in roots for p in find_packages(str(ROOT / root))}
+    assert {folder.split("/")[0] for folder in cfg["package-dir"].values()} == set(roots)
+    assert all(cfg["package-dir"][top] == f"{folder.split('/')[0]}/{top}" for top, folder in cfg["package-dir"].items())
+
+
+def test_simulator_ships_in_neither_image_and_nothing_imports_it() -> None:
+    # Dockerfile.runtime / Dockerfile.operator copy only their folders; the simulator is a dev/sandbox tool.
+    for dockerfile in ("Dockerfile.runtime", "Dockerfile.operator"):
+        assert "simulator" not in (ROOT / dockerfile).read_text()
+    assert "oculis_sim" not in imported_by("oculis_router.app, oculis_operator.handlers, oculis_cli.main")
 
 
 def imported_by(modules: str) -> set[str]:

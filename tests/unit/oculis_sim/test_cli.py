@@ -1,0 +1,124 @@
+"""`oculis sim` command line: bad input is one line and exit 2 (vLLM's words where it has them), the
+JSON keys are the documented ones, the KV blocks are the operator's plan, and a pod's rendered
+`vllm serve` arguments parse unchanged."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oculis.gpus import lookup
+from oculis.upstream import Engine, GPUUpstreamSpec
+from oculis_cli.main import main
+from oculis_operator import capacity, catalog, engine_args
+from oculis_sim import cli
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@pytest.fixture
+def workload(tmp_path: Path) -> Path:
+    p = tmp_path / "chat.yaml"
+    p.write_text("prompt_tokens: {mean: 500, stdev: 100, min: 16, max: 1000}\noutput_tokens: 64\n"
+                 "stages: [{rate: 5, seconds: 10}]\nseed: 3\n")
+    return p
+
+
+def bad(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert main(["sim", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_unknown_model_without_model_config_names_the_flag_and_the_fix(capsys, workload) -> None:  # type: ignore[no-untyped-def]
+    err = bad(capsys, "replay", "--model", "acme/Nope-7B", "--gpu", "H100-80GB", "--workload", str(workload))
+    assert "--model 'acme/Nope-7B'" in err and "--model-config FILE" in err
+
+
+def test_model_config_file_makes_an_unknown_model_simulable(capsys, workload, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text("paramsBillions: 8.03\nnumLayers: 32\nhiddenSize: 4096\nnumAttentionHeads: 32\nnumKvHeads: 8\n"
+                   "headDim: 128\nvocabSize: 128256\nmaxPositionEmbeddings: 8192\n")
+    assert main(["sim", "replay", "--model", "acme/Mine-8B", "--model-config", str(cfg), "--gpu", "H100-80GB",
+                 "--workload", str(workload), "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["requests"] > 0
+
+
+def test_gpu_without_facts_is_refused_naming_the_choices(capsys, workload) -> None:  # type: ignore[no-untyped-def]
+    err = bad(capsys, "replay", "--model", MODEL, "--gpu", "V100", "--workload", str(workload))
+    assert "--gpu 'V100'" in err and "H100-80GB" in err and "L4-24GB" in err
+
+
+def test_batched_tokens_below_max_num_seqs_is_refused_in_vllms_words(capsys, workload) -> None:  # type: ignore[no-untyped-def]
+    err = bad(capsys, "replay", "--model", MODEL, "--gpu", "H100-80GB", "--max-num-seqs", "256",
+              "--max-num-batched-tokens", "128", "--workload", str(workload))
+    assert "max_num_batched_tokens (128) must be greater than or equal to max_num_seqs (256)" in err
+    assert err.startswith("oculis sim replay: error: --max-num-batched-tokens 128:")
+
+
+def test_max_model_len_above_the_kv_cache_is_refused_in_vllms_words(capsys, workload) -> None:  # type: ignore[no-untyped-def]
+    err = bad(capsys, "replay", "--model", MODEL, "--gpu", "L4-24GB", "--max-model-len", "131072",
+              "--workload", str(workload))
+    assert "--max-model-len 131072" in err
+    assert "To serve at least one request with the model's max seq len (131072)" in err
+    assert "estimated maximum model length is" in err and "decreasing `max_model_len`" in err
+
+
+def test_bad_workload_and_bad_speculative_config_are_one_line(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    wl = tmp_path / "w.yaml"
+    wl.write_text("prompt_tokens: 10\noutput_tokens: 5\nstages: [{rate: fast, seconds: 3}]\n")
+    err = bad(capsys, "replay", "--model", MODEL, "--gpu", "H100-80GB", "--workload", str(wl))
+    assert "stages[0].rate" in err
+    err = bad(capsys, "replay", "--model", MODEL, "--gpu", "H100-80GB", "--workload", str(wl),
+              "--speculative-config", "{oops")
+    assert "--speculative-config" in err
+
+
+def test_json_output_has_exactly_the_documented_keys_and_says_simulated(capsys, workload) -> None:  # type: ignore[no-untyped-def]
+    assert main(["sim", "replay", "--model", MODEL, "--gpu", "H100-80GB", "--workload", str(workload),
+                 "-o", "json"]) == 0
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    assert set(data) == {"ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s", "requests_per_s", "preemptions",
+                         "kv_blocks", "requests"}
+    for key in ("ttft_ms", "itl_ms", "e2e_ms"):
+        assert set(data[key]) == {"mean", "p50", "p90", "p99"}
+    assert "simulated" in out.err
+
+
+def test_text_output_says_simulated(capsys, workload) -> None:  # type: ignore[no-untyped-def]
+    assert main(["sim", "replay", "--model", MODEL, "--gpu", "H100-80GB", "--workload", str(workload)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("SIMULATED") and "TTFT" in out and "preemptions" in out and "peak KV usage" in out
+
+
+def test_kv_blocks_are_the_operators_capacity_plan() -> None:
+    s = cli.settings_from(cli.build_parser().parse_args(
+        ["replay", "--model", MODEL, "--gpu", "A100-80GB", "--max-num-seqs", "64", "--max-model-len", "8192",
+         "--workload", "x"]))
+    plan = capacity.plan(catalog.lookup(MODEL), lookup("A100-80GB"), 1,
+                         Engine(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=8192))
+    assert s.num_blocks == plan.kv_cache_tokens // 16 and s.max_num_batched_tokens == 2048
+
+
+def test_a_pods_rendered_vllm_arguments_start_serve_unchanged(capsys) -> None:  # type: ignore[no-untyped-def]
+    spec = GPUUpstreamSpec.model_validate({
+        "provider": "vllm", "model": MODEL, "replicas": 1, "gpu": {"product": "H100-80GB", "count": 1},
+        "engine": {"maxNumSeqs": 64, "maxModelLen": 8192, "speculative": {"method": "ngram",
+                                                                          "numSpeculativeTokens": 3},
+                   "extraArgs": ["--enforce-eager"]}})
+    argv = engine_args.build(spec, {"max_num_batched_tokens": 4096})
+    args, ignored = cli.build_parser().parse_known_args(["serve", *argv, "--gpu", "NVIDIA-H100-80GB-HBM3",
+                                                         "--host", "127.0.0.1", "--port", "18000"])
+    s = cli.settings_from(args)
+    assert (s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len) == (64, 4096, 8192)
+    assert s.spec is not None and s.spec.method == "ngram" and s.spec.num_speculative_tokens == 3
+    assert s.served_names == (MODEL,) and (args.host, args.port) == ("127.0.0.1", 18000)  # later flags win
+    assert "--enforce-eager" in ignored
+
+
+def test_gpu_comes_from_the_environment_when_not_given(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("OCULIS_SIM_GPU", "NVIDIA-L40S")
+    s = cli.settings_from(cli.build_parser().parse_args(["serve", MODEL, "--max-model-len", "8192"]))
+    assert s.gpu.key == "L40S-48GB" and (s.max_num_seqs, s.max_num_batched_tokens) == (256, 2048)
