@@ -26,7 +26,7 @@ from oculis_router import cache as rcache
 from oculis_router.errors import APIError, bad_request
 from oculis_router.inbound import check_body, check_client_key, disconnected, read_body, tenant_of
 from oculis_router.metrics import Metrics
-from oculis_router.providers import relayed_headers
+from oculis_router.providers import refusal, relayed_headers
 from oculis_router.sse import StreamCollector
 from oculis_router.state import ConfigHolder, RouteRuntime, Runtime, describe
 from oculis_router.upstreams import Caller, UpstreamFailed, UpstreamRejected
@@ -61,15 +61,18 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
                        param="model", code="model_not_found")
     t0 = time.perf_counter()
     try:
-        # Anthropic has no completions endpoint: such a request skips its tiers (decide.tier_order).
-        skip = {u.name for u in rt.upstreams.values() if u.provider == "anthropic"} if endpoint != "chat" else set()
+        # A tier whose upstream cannot take this request (Anthropic: no /v1/completions, a field it cannot
+        # translate) is skipped like one without the prompt's modality (decide.tier_order).
+        skip = {t.upstream: why for t in rr.route.tiers
+                if (why := refusal(rt.upstreams[t.upstream], endpoint, body)) is not None}
         c, decision = rr.scorer.score(body, skip)
     except ValueError as exc:
         raise bad_request(str(exc), param="messages") from None
     metrics.classification.labels(name).observe(time.perf_counter() - t0)
     if not decision.order:
-        raise bad_request(f"route {name!r} has no tier whose upstream serves /v1/completions (Anthropic upstreams "
-                          "do not); send the request to /v1/chat/completions", code="unsupported_endpoint")
+        why = skip.get(decision.tier.upstream) or next(iter(skip.values()))
+        raise APIError(why.status, f"route {name!r} has no tier that can take this request: {why.message}",
+                       param=why.param, code=why.code)
     tiers = [rr.route.tiers[i] for i in decision.order]
     if decision.escalated:
         metrics.escalations.labels(name, "low_confidence").inc()

@@ -17,15 +17,16 @@ from fake_upstreams import Recorder, Server, fidelity_anthropic_app, fidelity_op
 from oculis_router.app import build_app
 
 PNG = "iVBORw0KGgo="  # enough of a PNG for a fake
-CITY = {"type": "object", "properties": {"city": {"type": "string"}}}
-WEATHER = {"type": "function",
+CITY: dict[str, Any] = {"type": "object", "properties": {"city": {"type": "string"}}}
+WEATHER: dict[str, Any] = {"type": "function",
            "function": {"name": "get_weather", "description": "Weather in a city", "parameters": CITY}}
 
 
 class Env:
     def __init__(self, url: str, oa: Recorder, anth: Recorder) -> None:
         self.url, self.oa, self.anth = url, oa, anth
-        self.client = openai.OpenAI(base_url=url + "/v1", api_key="sk-client", max_retries=0, timeout=30)
+        # Any: the SDK's typed overloads cannot express the extension fields these tests send.
+        self.client: Any = openai.OpenAI(base_url=url + "/v1", api_key="sk-client", max_retries=0, timeout=30)
 
     def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         return httpx.post(self.url + "/v1/" + path, json=body, timeout=30)
@@ -64,7 +65,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 @pytest.fixture(autouse=True)
 def fresh(env: Env) -> None:
     for rec in (env.oa, env.anth):
-        rec.__init__()  # type: ignore[misc]  # the fakes hold these objects: reset in place
+        rec.__init__()  # the fakes hold these objects: reset in place
 
 
 USER = [{"role": "user", "content": "hi"}]
@@ -75,11 +76,11 @@ EXTRAS = {"top_k": 5, "repetition_penalty": 1.1, "min_p": 0.05, "guided_json": {
 
 @pytest.mark.parametrize("model", ["vllm", "adaptive"])
 def test_openai_compatible_upstreams_receive_every_field_the_client_sent(env: Env, model: str) -> None:
-    env.client.chat.completions.create(model=model, messages=USER, extra_body=EXTRAS)  # type: ignore[arg-type]
+    env.client.chat.completions.create(model=model, messages=USER, extra_body=EXTRAS)
     sent = env.oa.received[-1]
     assert {k: sent[k] for k in EXTRAS} == EXTRAS
     # Legacy function calling too (the SDK still sends it), and completions' own extensions.
-    env.client.chat.completions.create(model=model, messages=USER,  # type: ignore[call-overload]
+    env.client.chat.completions.create(model=model, messages=USER,
                                        functions=[WEATHER["function"]], function_call="auto")
     assert env.oa.received[-1]["functions"] == [WEATHER["function"]]
     env.client.completions.create(model=model, prompt="x", extra_body={"top_k": 3, "guided_regex": "a+"})
@@ -157,7 +158,7 @@ CONVERSATION: list[dict[str, Any]] = [
 
 def test_anthropic_tools_tool_results_and_images_are_translated(env: Env) -> None:
     env.anth.tool_use = {"name": "get_weather", "input": {"city": "Lyon"}}
-    resp = env.client.chat.completions.create(model="claude", messages=CONVERSATION,  # type: ignore[arg-type]
+    resp = env.client.chat.completions.create(model="claude", messages=CONVERSATION,
                                               tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
     sent = env.anth.received[-1]
     assert sent["system"] == [{"type": "text", "text": "Be brief."}]
@@ -182,9 +183,10 @@ def test_anthropic_tools_tool_results_and_images_are_translated(env: Env) -> Non
 
 def test_anthropic_streamed_tool_use_becomes_openai_tool_call_deltas(env: Env) -> None:
     env.anth.tool_use = {"name": "get_weather", "input": {"city": "Lyon"}}
-    stream = env.client.chat.completions.create(model="claude", messages=USER, tools=[WEATHER],  # type: ignore[arg-type]
+    stream = env.client.chat.completions.create(model="claude", messages=USER, tools=[WEATHER],
                                                 stream=True)
-    text, calls, finish = "", {}, None
+    text, finish = "", None
+    calls: dict[int, dict[str, Any]] = {}
     for chunk in stream:
         for c in chunk.choices:
             text += c.delta.content or ""
@@ -234,10 +236,20 @@ def test_completions_skip_anthropic_tiers_or_say_why(env: Env) -> None:
     r = env.client.completions.with_raw_response.create(model="claude-first", prompt="Say hi")
     assert r.headers["x-oculis-tier"] == "llama" and r.parse().choices[0].text == "ok"
     assert env.anth.received == [] and env.oa.received[-1]["prompt"] == "Say hi"
-    chat = env.client.chat.completions.with_raw_response.create(model="claude-first", messages=USER)  # type: ignore[arg-type]
+    chat = env.client.chat.completions.with_raw_response.create(model="claude-first", messages=USER)
     assert chat.headers["x-oculis-tier"] == "claude"  # chat still goes to the chosen Anthropic tier
     r2 = env.post("completions", {"model": "claude-only", "prompt": "x"})
     assert r2.status_code == 400 and r2.json()["error"]["code"] == "unsupported_endpoint"
+
+
+def test_a_route_skips_an_anthropic_tier_that_cannot_take_the_request(env: Env) -> None:
+    body = {"model": "claude-first", "messages": USER, "response_format": {"type": "json_object"}}
+    r = env.post("chat/completions", body)
+    assert r.status_code == 200 and r.headers["x-oculis-tier"] == "llama"
+    assert env.oa.received[-1]["response_format"] == {"type": "json_object"} and env.anth.received == []
+    r = env.post("chat/completions", {**body, "model": "claude-only"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    assert "claude-only" in r.json()["error"]["message"] and "anthropic" in r.json()["error"]["message"]
 
 
 def test_an_image_prompt_goes_to_a_tier_that_takes_images(env: Env) -> None:

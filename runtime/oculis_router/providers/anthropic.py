@@ -161,7 +161,7 @@ def translate_messages(up: Upstream, messages: list[dict[str, Any]]) -> tuple[li
     for i, m in enumerate(messages):
         where, role = f"messages[{i}]", m.get("role")
         # Tool messages may carry the function name: redundant with tool_call_id, so nothing is lost.
-        if m.get("name") is not None and role != "tool":
+        if m.get("name") is not None and role not in ("tool", "function"):
             raise refused(up, f"{where}.name", "Anthropic has no participant names; put the speaker in the content")
         if role in ("system", "developer"):
             system.extend(text_of(up, m.get("content"), where))
@@ -225,7 +225,27 @@ def translate_tools(up: Upstream, body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def refusal(up: Upstream, endpoint: str, body: dict[str, Any]) -> APIError | None:
+    """Why `up` cannot take this request (the 400 it would answer), or None: a route skips such a
+    tier as it skips one without the prompt's modality."""
+    try:
+        translate(up, endpoint, body)
+    except APIError as err:
+        return err
+    return None
+
+
 def build_request(up: Upstream, endpoint: str, body: dict[str, Any]) -> tuple[str, dict[str, str], dict[str, Any]]:
+    out = translate(up, endpoint, body)
+    headers = {"content-type": "application/json", "anthropic-version": up.anthropic_version}
+    key = os.environ.get(up.api_key_env) if up.api_key_env else None
+    if key:
+        headers["x-api-key"] = key
+    return up.url + "/messages", headers, out
+
+
+def translate(up: Upstream, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The Messages API request for an OpenAI one; a 400 (APIError) naming what cannot be translated."""
     if endpoint != "chat":
         raise bad_request(f"upstream {up.name} is an Anthropic model, which has no completions endpoint; "
                           "send the request to /v1/chat/completions", code="unsupported_endpoint")
@@ -251,11 +271,7 @@ def build_request(up: Upstream, endpoint: str, body: dict[str, Any]) -> tuple[st
     pc = up.prompt_cache
     if pc and pc.enabled and pc.breakpoints:
         place_cache_markers(out, pc.breakpoints, pc.ttl)
-    headers = {"content-type": "application/json", "anthropic-version": up.anthropic_version}
-    key = os.environ.get(up.api_key_env) if up.api_key_env else None
-    if key:
-        headers["x-api-key"] = key
-    return up.url + "/messages", headers, out
+    return out
 
 
 def place_cache_markers(req: dict[str, Any], breakpoints: int, ttl: str) -> None:

@@ -110,7 +110,8 @@ def test_route_scorer_routes_an_image_prompt_like_the_router() -> None:
     # `oculis route score` and the router share RouteScorer: the image rule applies to both.
     r = Route(name="adaptive", tiers=[
         SemanticTier(name="simple", upstream="s", match=TierMatch(complexity_below=0.35, max_prompt_tokens=2000)),
-        SemanticTier(name="vision", upstream="v", match=TierMatch(complexity_below=0.999), modalities=["text", "image"]),
+        SemanticTier(name="vision", upstream="v", match=TierMatch(complexity_below=0.999),
+                     modalities=["text", "image"]),
         SemanticTier(name="complex", upstream="l")])
     scorer = RouteScorer(r)
     image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}]}
@@ -120,7 +121,7 @@ def test_route_scorer_routes_an_image_prompt_like_the_router() -> None:
 
 def test_modalities_are_validated_and_rendered_into_the_router_config() -> None:
     with pytest.raises(ValidationError, match="modalities"):
-        SemanticTier(name="t", upstream="u", modalities=["video"])  # type: ignore[list-item]
+        SemanticTier(name="t", upstream="u", modalities=["video"])
     with pytest.raises(ValidationError, match="modalities"):
         SemanticTier(name="t", upstream="u", modalities=[])
     spec = {"tiers": [{"name": "small", "match": {"complexityBelow": 0.5}, "upstream": "small"},
