@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from e2e_support import eventually
 from kubernetes import client
-from test_gpuupstream import G, LLAMA_8B, P, World, upstream
+from test_gpuupstream import LLAMA_8B, G, P, World, upstream
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ def test_a_model_change_keeps_the_routers_model_name_served(world: World) -> Non
 
     def routed_model() -> str:
         cm = world.core.read_namespaced_config_map("oculis-router-config", world.ns)
-        doc = json.loads(json.dumps(__import__("yaml").safe_load(cm.data["oculis-config.yaml"])))
+        doc = yaml.safe_load(cm.data["oculis-config.yaml"])
         return str(next(u for u in doc["oculis"]["upstreams"] if u["name"] == "alias")["model"])
 
     eventually(lambda: routed_model() == "alias", what="the router asks for the stable alias")
