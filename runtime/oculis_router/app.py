@@ -36,6 +36,7 @@ from oculis_router.usage import Usage, cost_dollars
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 WATCH_CLIENT_AFTER_S = 0.25  # non-streamed answers slower than this are cancelled if the client leaves
 log = logging.getLogger("oculis.router")
+INTERNAL = APIError(500, "internal router error (logged by the router)", type_="server_error", code="internal")
 
 
 
@@ -56,9 +57,9 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
         return Plan(None, [rt.upstreams[name]], ["direct"], None, False)
     rr = rt.routes.get(name)
     if rr is None:
-        known = ", ".join([*rt.routes, *rt.upstreams])
-        raise APIError(404, f"the model {name!r} does not exist: use a route or upstream ({known})",
-                       param="model", code="model_not_found")
+        # Not the list of names: upstream names are internal (GET /v1/models, behind the same auth, has them).
+        raise APIError(404, f"the model {name[:200]!r} does not exist: name a route or upstream of this router "
+                       "(GET /v1/models lists them)", param="model", code="model_not_found")
     t0 = time.perf_counter()
     try:
         # A tier whose upstream cannot take this request (Anthropic: no /v1/completions, a field it cannot
@@ -141,6 +142,13 @@ class Router:
         except APIError as err:
             self.metrics.requests.labels(route_label, "-", "-", f"error_{err.status}").inc()
             return err.response()
+        except Exception:
+            # Caught here, not by Starlette's handler, which re-raises to uvicorn: that was a second
+            # traceback per request and no count. One log record, one error_500, an OpenAI error.
+            log.exception("internal error answering %s %s (route %s)", request.method, request.url.path,
+                          route_label)
+            self.metrics.requests.labels(route_label, "-", "-", "error_500").inc()
+            return INTERNAL.response()
 
     def _can_escalate(self, plan: Plan, i: int) -> bool:
         esc = plan.route.route.escalation if plan.route else None
@@ -327,6 +335,9 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
     async def readyz(request: Request) -> Response:
         if holder.waiting:
             return JSONResponse({"status": "waiting for config", "config": str(holder.path)}, status_code=503)
+        if holder.watch_stopped:  # serving, but blind to config changes: not a state to stay in unnoticed
+            return JSONResponse({"status": f"config reload watcher stopped: {holder.watch_stopped}",
+                                 "config": holder.current.digest[:12]}, status_code=503)
         return JSONResponse({"status": "ready", "config": holder.current.digest[:12]})
 
     @contextlib.asynccontextmanager
@@ -348,8 +359,10 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
                         code="not_found").response()
 
     async def internal(request: Request, exc: Exception) -> Response:
-        log.exception("unexpected error")  # the request still gets an OpenAI-shaped answer
-        return APIError(500, "internal router error", type_="server_error", code="internal").response()
+        # Only for errors outside Router.handle (which answers its own). Starlette re-raises after this
+        # and uvicorn logs the traceback, so it is not logged here too: one record per failure.
+        metrics.requests.labels("-", "-", "-", "error_500").inc()
+        return INTERNAL.response()
 
     app = Starlette(exception_handlers={404: not_found, 405: not_found, Exception: internal}, routes=[
         HTTPRoute("/v1/chat/completions", chat, methods=["POST"]),
