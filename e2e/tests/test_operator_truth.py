@@ -132,7 +132,11 @@ def test_a_name_no_service_can_carry_is_refused_at_apply(world: World, name: str
 def test_a_gpu_request_no_node_can_host_is_degraded_not_waiting(world: World, bin_dir: Path, kubeconfig: Path,
                                                                 name: str, gpu: dict[str, Any], replicas: int,
                                                                 reason: str, words: str) -> None:
-    world.create(upstream(name, gpu=gpu, replicas=replicas))
+    # The webhook warns at apply (it does not refuse: a node pool may scale up from zero).
+    applied = subprocess.run([str(bin_dir / "kubectl"), "apply", "-n", world.ns, "-f", "-"], capture_output=True,
+                             text=True, check=True, input=json.dumps(upstream(name, gpu=gpu, replicas=replicas)),
+                             env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+    assert f"Warning: {reason}: " in applied.stderr and words in applied.stderr
     c = eventually(lambda: world.cond(name, "Degraded").get("reason") == reason and world.cond(name, "Degraded"),
                    what=f"Degraded {reason}")
     assert c["status"] == "True" and words in c["message"]

@@ -6,13 +6,16 @@ preemption-storm plan is admitted and reported in status instead: traffic may di
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
+from oculis import gpus
 from oculis.base import format_errors
 from oculis.upstream import GPUUpstreamSpec
-from oculis_operator.reconcile import check, invalid_name
+from oculis_operator import rollout
+from oculis_operator.reconcile import check, invalid_name, unhostable
 
 
 def admission_verdict(spec_body: dict[str, Any], name: str | None = None) -> str | None:
@@ -28,3 +31,16 @@ def admission_verdict(spec_body: dict[str, Any], name: str | None = None) -> str
     if isinstance(verdict, tuple):
         return verdict[1]
     return verdict.message if verdict.refuse_at_admission else None
+
+
+def admission_warning(spec_body: dict[str, Any], pool: Callable[[str], rollout.Pool]) -> str | None:
+    """A warning shown by kubectl apply (not a refusal: a node pool may scale up from zero) when no node
+    of the product can host a replica, or the replicas exceed what its nodes hold."""
+    try:
+        spec = GPUUpstreamSpec.model_validate(spec_body)
+    except ValidationError:
+        return None
+    if not spec.self_hosted or spec.gpu is None:
+        return None
+    problem = unhostable(spec, pool(gpus.lookup(spec.gpu.product).gfd_product))
+    return f"{problem[0]}: {problem[1]}" if problem else None

@@ -30,7 +30,7 @@ from urllib3.exceptions import HTTPError
 
 from oculis_operator import reconcile as core
 from oculis_operator import render, rollout, routeconfig
-from oculis_operator.admission import admission_verdict
+from oculis_operator.admission import admission_verdict, admission_warning
 from oculis_operator.api_errors import api_error_line, going_away
 from oculis_operator.conditions import Conditions, condition
 from oculis_operator.kube import GROUP, PLURAL, VERSION, Kube, load_client
@@ -220,10 +220,15 @@ def router_config_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logg
 
 if WEBHOOK_PORT:
     @kopf.on.validate(GROUP, VERSION, PLURAL, operations=["CREATE", "UPDATE"])
-    def validate(spec: kopf.Spec, body: kopf.Body, **_: Any) -> None:
+    def validate(spec: kopf.Spec, body: kopf.Body, memo: kopf.Memo, warnings: list[str], **_: Any) -> None:
         refusal = admission_verdict(dict(spec), (body.get("metadata") or {}).get("name"))
         if refusal:
             raise kopf.AdmissionError(refusal, code=422)
+        with contextlib.suppress(ApiException, HTTPError):  # a warning is advice: never block an apply for it
+            warning = admission_warning(dict(spec), lambda product: rollout.pool(memo.kube.gpu_nodes(product),
+                                                                                 product))
+            if warning:
+                warnings.append(warning)
 
 
 def reconcile_named(memo: kopf.Memo, namespace: str, name: str, logger: kopf.Logger) -> None:

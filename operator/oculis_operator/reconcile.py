@@ -201,16 +201,21 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
         conds.set("Ready", "False", "DriftReverted", f"hand edits reverted ({'; '.join(reverted)}); waiting for the "
                   "live objects to match the spec again")
     if not done and pool is not None:
-        _check_hostable(spec, obs, pool(product.gfd_product), product.gfd_product, conds, out)
+        problem = unhostable(spec, pool(product.gfd_product))
+        if problem:
+            conds.set("Degraded", "True", *problem)
+            conds.set("Ready", "False", *problem)
+            out.warnings.append(problem)
     out.status = {**status, "conditions": conds.items}
     return out
 
 
-def _check_hostable(spec: GPUUpstreamSpec, obs: Observed, nodes: rollout.Pool, gfd: str, conds: Conditions,
-                    out: Outcome) -> None:
-    """Degraded when no node of the product can ever run a replica, or the replicas can never all run."""
+def unhostable(spec: GPUUpstreamSpec, nodes: rollout.Pool) -> tuple[str, str] | None:
+    """(reason, message) when no node of the product can ever run a replica, or the replicas can never
+    all run; None when they fit on the nodes' allocatable GPUs (were the nodes empty)."""
     assert spec.gpu is not None
     count, product = spec.gpu.count, spec.gpu.product
+    gfd = gpus.lookup(product).gfd_product
     replicas = spec.replicas if spec.replicas is not None else 1
     fits = nodes.replicas_that_fit(count)
     if not nodes.allocatable:
@@ -228,10 +233,8 @@ def _check_hostable(spec: GPUUpstreamSpec, obs: Observed, nodes: rollout.Pool, g
                f"{len(nodes.allocatable)} nodes with {sum(nodes.allocatable)} {gpus.GPU_RESOURCE} in all fit at "
                f"most {fits} replicas, the other {replicas - fits} stay Pending; lower spec.replicas or add nodes")
     else:
-        return
-    conds.set("Degraded", "True", reason, msg)
-    conds.set("Ready", "False", reason, msg)
-    out.warnings.append((reason, msg))
+        return None
+    return reason, msg
 
 
 def check(spec: GPUUpstreamSpec) -> capacity.Plan | tuple[str, str]:

@@ -241,3 +241,12 @@ def test_a_name_no_service_can_carry_creates_nothing(name: str) -> None:
 
     assert "DNS-1035" in (admission_verdict(SPEC, name) or "")
     assert admission_verdict(SPEC, "llama-8b") is None
+
+
+def test_the_webhook_warns_of_a_request_no_node_can_host() -> None:
+    from oculis_operator.admission import admission_warning
+
+    sixteen = {**SPEC, "gpu": {"product": "H100-80GB", "count": 16}}
+    assert (admission_warning(sixteen, pool(8, 8)) or "").startswith("NoNodeCanHost: no node offers 16")
+    assert admission_warning(SPEC, pool(8)) is None
+    assert admission_warning({"provider": "openai", "model": "gpt-4o"}, pool()) is None
