@@ -52,6 +52,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                 {"name": "claude-first", "escalation": {"on_low_confidence": False},
                  "tiers": [tier("claude", "claude", 0.99), tier("llama", "vllm")]},
                 {"name": "claude-only", "tiers": [tier("only", "claude")]},
+                {"name": "cached", "tiers": [tier("only", "claude")], "cache": {"enabled": True}},
                 {"name": "multimodal", "escalation": {"on_low_confidence": False},
                  "tiers": [tier("text", "vllm", 0.99), tier("eyes", "vision", modalities=["text", "image"])]},
             ],
@@ -116,6 +117,18 @@ def test_streams_carry_headers_proxies_respect(env: Env, model: str) -> None:
         assert r.headers["cache-control"] == "no-cache" and r.headers["x-accel-buffering"] == "no"
         assert r.headers["x-request-id"] == "req-fake-1"  # the provider's id, for support and logs
         r.read()
+
+
+def test_a_cached_stream_replay_carries_the_sse_headers_too(env: Env) -> None:
+    env.anth.tool_use = {"name": "get_weather", "input": {"city": "Lyon"}}
+    body = {"model": "cached", "messages": USER, "temperature": 0, "tools": [WEATHER]}
+    assert env.post("chat/completions", body).headers["x-oculis-cache"] == "miss"
+    with httpx.stream("POST", env.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=30) as r:
+        assert r.headers["x-oculis-cache"] == "hit"
+        assert r.headers["cache-control"] == "no-cache" and r.headers["x-accel-buffering"] == "no"
+        text = r.read().decode()
+    assert '"get_weather"' in text and "tool_calls" in text  # the translated call replays, not an empty turn
+    assert len(env.anth.received) == 1
 
 
 @pytest.mark.parametrize(("model", "stream"), [("vllm", False), ("adaptive", False), ("claude", False),

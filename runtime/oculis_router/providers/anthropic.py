@@ -4,8 +4,9 @@ What is translated: system/developer prompts (strings or text parts), user text 
 (`image_url` data URLs become base64 image blocks, http(s) URLs url image sources), assistant
 `tool_calls` (-> `tool_use` blocks), `role: tool` results (-> `tool_result` blocks in a user turn),
 `tools`/`tool_choice`/`parallel_tool_calls`, sampling (`temperature`, `top_p`, `top_k`, `stop`),
-`max_tokens`/`max_completion_tokens` and `user` (-> `metadata.user_id`). Answers come back with their
-`tool_calls`, streamed (`input_json_delta` -> tool_call argument deltas) or not.
+`max_tokens`/`max_completion_tokens` and `user`/`safety_identifier` (-> `metadata.user_id`).
+Answers come back with their `tool_calls`, streamed (`input_json_delta` -> tool_call argument
+deltas) or not.
 
 What cannot be translated faithfully is refused with a 400 naming the field and why (a request
 parameter Anthropic has no equivalent for, audio, files, legacy `functions`), never dropped
@@ -32,9 +33,10 @@ STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "to
         "pause_turn": "stop", "refusal": "content_filter", "model_context_window_exceeded": "length"}
 # Request fields with a Messages API counterpart (each is handled in build_request).
 TRANSLATED = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
-              "stream", "tools", "tool_choice", "parallel_tool_calls", "user"}
-# Fields that change nothing about the answer: usage is always reported on Anthropic streams.
-NO_EFFECT = {"stream_options"}
+              "stream", "tools", "tool_choice", "parallel_tool_calls", "user", "safety_identifier"}
+# Fields that change nothing about the answer: usage is always reported on Anthropic streams, and
+# prompt caching is done by the cache_control markers the router places (`prompt_cache`), not by a key.
+NO_EFFECT = {"stream_options", "prompt_cache_key"}
 # OpenAI defaults: a field sent with one of these values asks for nothing Anthropic does not do.
 DEFAULTS: dict[str, list[Any]] = {
     "n": [1], "logprobs": [False], "top_logprobs": [0], "presence_penalty": [0], "frequency_penalty": [0],
@@ -265,8 +267,9 @@ def translate(up: Upstream, endpoint: str, body: dict[str, Any]) -> dict[str, An
     stop = body.get("stop")
     if stop:
         out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    if isinstance(body.get("user"), str):
-        out["metadata"] = {"user_id": body["user"]}
+    end_user = body.get("safety_identifier") or body.get("user")  # OpenAI's new name for `user`, then the old
+    if isinstance(end_user, str):
+        out["metadata"] = {"user_id": end_user}
     out.update(translate_tools(up, body))
     pc = up.prompt_cache
     if pc and pc.enabled and pc.breakpoints:

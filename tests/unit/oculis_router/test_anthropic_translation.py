@@ -33,6 +33,7 @@ def sent(**body: Any) -> dict[str, Any]:
         ({"max_completion_tokens": 77}, {"max_tokens": 77}),
         ({"max_tokens": 5, "max_completion_tokens": 77}, {"max_tokens": 5}),
         ({"user": "u-42"}, {"metadata": {"user_id": "u-42"}}),
+        ({"safety_identifier": "s-1", "user": "u-42"}, {"metadata": {"user_id": "s-1"}}),
         ({"stream": True}, {"stream": True}),
         ({"tools": [TOOL]}, {"tools": [{"name": "f", "description": "does f",
                                         "input_schema": TOOL["function"]["parameters"]}]}),  # type: ignore[index]
@@ -102,7 +103,8 @@ def test_what_cannot_be_translated_is_refused_by_name(body: dict[str, Any], fiel
 
 @pytest.mark.parametrize("body", [{"n": 1}, {"logprobs": False}, {"presence_penalty": 0}, {"frequency_penalty": 0.0},
                                   {"logit_bias": {}}, {"response_format": {"type": "text"}}, {"store": False},
-                                  {"stream_options": {"include_usage": True}}, {"modalities": ["text"]}])
+                                  {"stream_options": {"include_usage": True}}, {"modalities": ["text"]},
+                                  {"prompt_cache_key": "k"}])
 def test_openai_defaults_ask_nothing_and_are_accepted(body: dict[str, Any]) -> None:
     assert refusal(UP, "chat", {"model": "r", "messages": USER, **body}) is None
 
