@@ -10,6 +10,7 @@ key; its size is bounded by the Redis server's maxmemory with an LRU eviction po
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -124,16 +125,25 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
+MEMORY_STORE_MAX_BYTES = 128 * 1024 * 1024  # per route: 100 000 entries of long answers would be gigabytes
+
+
 class MemoryStore:
-    def __init__(self, max_entries: int, ttl_seconds: float) -> None:
-        self._data: TTLCache[str, bytes] = TTLCache(maxsize=max_entries, ttl=ttl_seconds)
+    """At most `max_entries` answers and at most `max_bytes` of them, whichever binds first: each
+    entry weighs its bytes plus an equal share of `max_bytes` (the least-recently-used go first)."""
+
+    def __init__(self, max_entries: int, ttl_seconds: float, max_bytes: int = MEMORY_STORE_MAX_BYTES) -> None:
+        share = max(max_bytes // max(max_entries, 1), 1)
+        self._data: TTLCache[str, bytes] = TTLCache(maxsize=max_bytes, ttl=ttl_seconds,
+                                                    getsizeof=lambda v: len(v) + share)
 
     async def get(self, key: str) -> dict[str, Any] | None:
         raw = self._data.get(key)
         return None if raw is None else json.loads(raw)
 
     async def set(self, key: str, value: dict[str, Any]) -> None:
-        self._data[key] = json.dumps(value).encode()
+        with contextlib.suppress(ValueError):  # one answer larger than the whole store: not cached
+            self._data[key] = json.dumps(value).encode()
 
     async def close(self) -> None:
         self._data.clear()
