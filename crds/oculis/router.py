@@ -44,6 +44,26 @@ class PromptCache(Model):
     """Anthropic: cache lifetime, 5m or 1h"""
 
 
+# Defaults of `Timeouts` (seconds), used where neither the tier nor the upstream sets one.
+DEFAULT_CONNECT_SECONDS = 10.0
+DEFAULT_FIRST_BYTE_SECONDS = 120.0
+DEFAULT_IDLE_SECONDS = 60.0
+
+
+class Timeouts(Model):
+    """How long the router waits on an upstream, per attempt. There is no cap on a whole generation:
+    a stream that keeps sending chunks is never cut. Unset fields inherit (tier, then upstream, then
+    the default)."""
+
+    connect_seconds: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """Opening the connection (TCP and TLS); default 10"""
+    first_byte_seconds: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """From sending the request to the first byte of the answer: a stream's first chunk, or a non-streamed
+    answer's headers (so for those it bounds the whole generation); default 120"""
+    idle_seconds: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """Longest silence between two reads once the answer has started (between stream chunks); default 60"""
+
+
 class Upstream(Model):
     """A model the router can call."""
 
@@ -61,7 +81,11 @@ class Upstream(Model):
     prompt_cache: PromptCache | None = None
     """Provider prompt caching"""
     revision: str = Field("1", description="Bump when the model behind this upstream changes; part of cache keys")
-    timeout_seconds: float = Field(120.0, gt=0, description="Per-attempt timeout of one upstream call")
+    timeouts: Timeouts | None = None
+    """Connect, first-byte and idle timeouts of each call"""
+    timeout_seconds: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="Deprecated: the old name of timeouts.first_byte_seconds (it never capped a whole stream)")
     anthropic_version: str = Field("2023-06-01", description="Anthropic: the anthropic-version header")
     default_max_tokens: int = Field(1024, ge=1, description="Anthropic: max_tokens when the request sets none")
 
@@ -69,6 +93,9 @@ class Upstream(Model):
     def _reachable(self) -> Upstream:
         if self.provider in ("vllm", "openai-compatible") and not self.base_url:
             raise ValueError(f"upstream {self.name!r}: provider {self.provider} needs base_url (e.g. http://host:8000/v1)")
+        if self.timeout_seconds is not None and self.timeouts and self.timeouts.first_byte_seconds is not None:
+            raise ValueError(f"upstream {self.name!r}: timeout_seconds ({self.timeout_seconds:g}) is the deprecated "
+                             "name of timeouts.first_byte_seconds; remove timeout_seconds")
         return self
 
     @property
@@ -100,6 +127,8 @@ class SemanticTier(Model):
     """Upstream (GPUUpstream name) that answers"""
     modalities: list[Modality] | None = Field(None, min_length=1)
     """What this tier's model takes, e.g. [text, image]: image prompts go to tiers that declare image"""
+    timeouts: Timeouts | None = None
+    """Timeouts for this tier's calls; set fields override the upstream's"""
 
 
 # The classifiers the router image ships (runtime/oculis_router/classifier_data/<name>.npz; a test
@@ -127,7 +156,9 @@ class Escalation(Model):
     on_upstream_error: bool = True
     """Try the next tier after an upstream failed its retries"""
     max_retries: int = Field(2, ge=0, le=10)
-    """Retries on one upstream (errors, timeouts, 429, 5xx) before escalating"""
+    """Retries on one upstream (connection errors, timeouts, 429, 5xx) before escalating; 0: one attempt.
+    A 429/503 whose Retry-After is over 2 s, a refused router credential (401/403) and a context-length
+    400 are not retried: they escalate at once"""
 
 
 class CacheWhen(Model):

@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from oculis.base import Model
 from oculis.gpus import GPU_PRODUCTS
-from oculis.router import NAME_PATTERN, Pricing, Provider
+from oculis.router import NAME_PATTERN, Pricing, Provider, Timeouts
 
 GPUProductName = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB", "L40S-48GB"]
 assert set(GPUProductName.__args__) == set(GPU_PRODUCTS)  # type: ignore[attr-defined]
@@ -212,6 +212,9 @@ class GPUUpstreamSpec(Model):
     """External: provider prompt caching"""
     pricing: Pricing | None = None
     """Dollars per million tokens, for the router's cost metrics"""
+    timeouts: Timeouts | None = None
+    """How long the router waits on this upstream: connectSeconds, firstByteSeconds (a stream's first
+    chunk, a non-streamed answer's headers) and idleSeconds (between chunks); no cap on a whole stream"""
 
     @property
     def self_hosted(self) -> bool:

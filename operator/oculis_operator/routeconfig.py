@@ -83,6 +83,16 @@ def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] 
             }.items()
             if v is not None
         }
+    if spec.get("timeouts"):
+        entry["timeouts"] = {
+            k: v
+            for k, v in {
+                "connect_seconds": spec["timeouts"].get("connectSeconds"),
+                "first_byte_seconds": spec["timeouts"].get("firstByteSeconds"),
+                "idle_seconds": spec["timeouts"].get("idleSeconds"),
+            }.items()
+            if v is not None
+        }
     secret = None
     if spec["provider"] == "vllm":
         entry["base_url"] = render.endpoint(name, meta["namespace"])

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HTTPRoute
 
-from oculis import RouterConfig, Upstream
+from oculis import RouterConfig, Timeouts, Upstream
 from oculis_router import cache as rcache
 from oculis_router.errors import APIError, bad_request
 from oculis_router.inbound import check_body, check_client_key, disconnected, read_body, tenant_of
@@ -29,7 +29,7 @@ from oculis_router.metrics import Metrics
 from oculis_router.providers import refusal, relayed_headers
 from oculis_router.sse import StreamCollector
 from oculis_router.state import ConfigHolder, RouteRuntime, Runtime, describe
-from oculis_router.upstreams import Caller, UpstreamFailed, UpstreamRejected
+from oculis_router.upstreams import Attempt, Caller, Stream, UpstreamFailed, UpstreamRejected
 from oculis_router.usage import Usage, cost_dollars
 
 # Proxies (nginx ingress, CDNs) buffer or cache responses unless told not to; a stream must flow.
@@ -49,6 +49,7 @@ class Plan:
     tier_names: list[str]
     complexity: float | None
     escalated: bool
+    timeouts: list[Timeouts | None] = field(default_factory=list)  # per tier: overrides of its upstream's
 
 
 def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: str = "chat") -> Plan:
@@ -78,7 +79,7 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
     if decision.escalated:
         metrics.escalations.labels(name, "low_confidence").inc()
     return Plan(rr, [rt.upstreams[t.upstream] for t in tiers], [t.name for t in tiers], c.complexity,
-                decision.escalated)
+                decision.escalated, [t.timeouts for t in tiers])
 
 
 def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None) -> None:
@@ -154,6 +155,12 @@ class Router:
         esc = plan.route.route.escalation if plan.route else None
         return bool(esc and esc.enabled and esc.on_upstream_error and i + 1 < len(plan.tiers))
 
+    def _attempt(self, plan: Plan, i: int) -> Attempt:
+        """How tier i is called: the route's `escalation.max_retries`, the tier's timeouts, and whether
+        a next tier could answer instead."""
+        return Attempt(retries=plan.route.route.escalation.max_retries if plan.route else None,
+                       timeouts=plan.timeouts[i] if plan.timeouts else None, can_escalate=self._can_escalate(plan, i))
+
     def _rejected(self, rej: UpstreamRejected, plan: Plan, i: int, key: str | None,
                   route_label: str) -> Response:
         """The upstream refused the request itself: relay its answer, not retried, not escalated."""
@@ -165,14 +172,15 @@ class Router:
             **relayed_headers(rej.headers), **self.headers(plan, i, _cache_state(key)), "content-type": ctype})
 
     def _failed(self, exc: UpstreamFailed, plan: Plan, i: int, route_label: str) -> None:
-        """Count a tier that failed after its retries; return to try the next tier, or raise the 502."""
+        """Count a tier that failed after its retries; return to try the next tier, or raise what the
+        client gets (a 502, or a 429/503 with the provider's Retry-After)."""
         up = plan.tiers[i]
         self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "upstream_failed").inc()
         if not self._can_escalate(plan, i):
-            raise APIError(502, f"upstream {up.name} failed after retries: {exc}", type_="upstream_error",
-                           code="upstream_failed") from None
+            raise exc.client_error(up.name) from None
         self.metrics.escalations.labels(route_label, "upstream_error").inc()
-        log.warning("escalating past %s after retries: %s", up.name, exc)
+        if not exc.verdict.credential:  # a refused credential is logged once per upstream, by the caller
+            log.warning("escalating past %s: %s", up.name, exc)
 
     async def _unless_client_leaves(self, request: Request, work: Coroutine[Any, Any, Response],
                                     route_label: str) -> Response:
@@ -216,7 +224,7 @@ class Router:
             t0 = time.perf_counter()
             try:
                 seen: dict[str, str] = {}  # the upstream's request id and rate-limit headers, for the client
-                data = await self.caller.complete(up, endpoint, body, headers_out=seen)
+                data = await self.caller.complete(up, endpoint, body, self._attempt(plan, i), headers_out=seen)
             except UpstreamRejected as rej:
                 return self._rejected(rej, plan, i, key, route_label)
             except UpstreamFailed as exc:
@@ -235,7 +243,7 @@ class Router:
         for i, up in enumerate(plan.tiers):
             t0 = time.perf_counter()
             try:
-                resp, translator = await self.caller.open_stream(up, endpoint, body)
+                resp, translator = await self.caller.open_stream(up, endpoint, body, self._attempt(plan, i))
             except UpstreamRejected as rej:
                 return self._rejected(rej, plan, i, key, route_label)
             except UpstreamFailed as exc:
@@ -247,7 +255,7 @@ class Router:
                 **relayed_headers(resp.headers), **self.headers(plan, i, _cache_state(key)), **SSE_HEADERS})
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
-    async def _relay(self, resp: aiohttp.ClientResponse, translator: Any, up: Upstream, t0: float, route_label: str,
+    async def _relay(self, resp: Stream, translator: Any, up: Upstream, t0: float, route_label: str,
                      tier: str, store: rcache.Store | None, key: str | None,
                      endpoint: str = "chat") -> AsyncIterator[bytes]:
         """Bytes go to the client as they arrive; a copy is parsed on the side for usage and the cache."""
@@ -255,7 +263,7 @@ class Router:
         first = True
         outcome = "ok"
         try:
-            async for raw in resp.content.iter_any():
+            async for raw in resp:  # each read bounded by the idle timeout (IdleTimeout)
                 if first:
                     self.metrics.ttft.labels(up.name).observe(time.perf_counter() - t0)
                     first = False

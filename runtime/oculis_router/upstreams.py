@@ -1,7 +1,16 @@
-"""Calls to upstreams with retries: errors, timeouts, 429 and 5xx are retried with exponential
-backoff (tenacity), then reported as `UpstreamFailed` so the caller can escalate. A 4xx other than
-429 is the client's problem and is passed back, not retried. Streams are retried only while no byte
-has reached the client (the caller opens the stream before it starts answering).
+"""Calls to upstreams, shaped for LLM traffic.
+
+Timeouts: a connect timeout, a first-byte timeout (a stream's first chunk; a non-streamed answer's
+headers) and an idle timeout between reads. There is no total cap, so a long generation that keeps
+streaming is never cut (an aiohttp `total` timeout used to end every stream after 120 s).
+
+What a failed attempt leads to is decided by `judge`, a pure function of the status, headers and
+body: retry on the same upstream (connection errors, timeouts, 5xx, 429 without a long Retry-After:
+exponential backoff, or exactly the Retry-After when it is at most `RETRY_AFTER_WAIT_MAX_S`), move
+to the next tier at once (a longer Retry-After, the router's own credential refused, a prompt over
+the tier's context length), or relay the upstream's answer (any other 4xx: the client's problem).
+Retries stop after `escalation.max_retries`. Streams are retried only while no byte has reached the
+client: the first chunk is read here, before the router starts answering.
 
 The HTTP client is aiohttp, not httpx: httpx's connection pool degrades badly under concurrency
 (encode/httpx#3215, open; measured here: 18 ms of CPU per request at 256 concurrent vs 0.6 ms at 1).
@@ -10,24 +19,177 @@ The HTTP client is aiohttp, not httpx: httpx's connection pool degrades badly un
 from __future__ import annotations
 
 import asyncio
-import json
+import email.utils
+import logging
+import math
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, TypeVar
 
 import aiohttp
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from starlette.responses import JSONResponse
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from oculis import Upstream
+from oculis import Timeouts, Upstream
+from oculis.router import DEFAULT_CONNECT_SECONDS, DEFAULT_FIRST_BYTE_SECONDS, DEFAULT_IDLE_SECONDS
+from oculis_router import strictjson
+from oculis_router.errors import APIError
 from oculis_router.providers import anthropic, openai_compat, relayed_headers
 
+log = logging.getLogger("oculis.router")
+
+# A Retry-After up to this is waited out on the same upstream; a longer one moves to the next tier at
+# once (a client should not wait on a rate-limited tier while another could answer), and is relayed
+# with the 429 when no tier can answer.
+RETRY_AFTER_WAIT_MAX_S = 2.0
+# Phrases of a prompt over the model's context: vLLM ("This model's maximum context length is ...",
+# "... is longer than the maximum model length"), OpenAI (code context_length_exceeded, "context
+# window"), Anthropic ("prompt is too long"). A tier with a longer context may answer it.
+CONTEXT_LENGTH_MARKERS = ("maximum context length", "maximum model length", "context_length_exceeded",
+                          "context window", "prompt is too long")
+
+
+# ---- the policy: pure ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do after one failed attempt, and what the client gets if no tier can answer."""
+
+    action: Literal["retry", "escalate", "relay"]
+    reason: str  # for logs and the client's 502: never the provider's own text (it can quote the key)
+    wait: float | None = None  # retry after exactly this many seconds (Retry-After); None: backoff
+    status: int = 502  # the client's status when no tier can answer
+    retry_after: float | None = None  # the Retry-After relayed with it
+    credential: bool = False  # the router's own API key was refused: the router's misconfiguration
+    context_length: bool = False  # the prompt is over this tier's context: relayed as is if no tier is left
+
+
+def retry_after_seconds(headers: Mapping[str, str], now: datetime) -> float | None:
+    """Seconds a provider asks to wait: `retry-after-ms` (OpenAI), else `Retry-After` as seconds or as
+    an HTTP date (RFC 9110). None when absent or unreadable; a date in the past is 0."""
+    h = {k.lower(): v.strip() for k, v in headers.items()}
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = h.get(name)
+        if not value:
+            continue
+        try:
+            seconds = float(value) * scale
+        except ValueError:
+            if name == "retry-after-ms":
+                continue
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                return None
+            when = when if when.tzinfo else when.replace(tzinfo=UTC)
+            return max(0.0, (when - now).total_seconds())
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds
+    return None
+
+
+def is_context_length(body: bytes) -> bool:
+    text = body[:65536].decode("utf-8", "replace").lower()
+    return any(m in text for m in CONTEXT_LENGTH_MARKERS)
+
+
+def judge(status: int, headers: Mapping[str, str], body: bytes, now: datetime) -> Verdict:
+    """The policy for an upstream's error answer (status >= 400)."""
+    if status in (429, 503):
+        after = retry_after_seconds(headers, now)
+        final = 429 if status == 429 else (503 if after is not None else 502)
+        if after is None:
+            return Verdict("retry", f"status {status}", status=final)
+        why = f"status {status}, Retry-After {round(after, 1):g} s"
+        if after <= RETRY_AFTER_WAIT_MAX_S:
+            return Verdict("retry", why, wait=after, status=final, retry_after=after)
+        return Verdict("escalate", why, status=final, retry_after=after)
+    if status >= 500:
+        return Verdict("retry", f"status {status}")
+    if status in (401, 403):
+        return Verdict("escalate", f"the upstream refused the router's credential (status {status}); the "
+                       "router's API key for it is wrong or lacks access", credential=True)
+    if status in (400, 413, 422) and is_context_length(body):
+        return Verdict("escalate", f"the prompt is over this tier's context length (status {status})",
+                       status=status, context_length=True)
+    return Verdict("relay", f"status {status}", status=status)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The timeouts of one call, in seconds, every one resolved."""
+
+    connect: float
+    first_byte: float
+    idle: float
+
+
+def limits(up: Upstream, tier: Timeouts | None = None) -> Limits:
+    """The tier's setting, else the upstream's (`timeout_seconds` is the old name of its first-byte
+    timeout), else the default."""
+
+    def pick(field: str, fallback: float | None, default: float) -> float:
+        for t in (tier, up.timeouts):
+            value = getattr(t, field) if t is not None else None
+            if value is not None:
+                return float(value)
+        return default if fallback is None else fallback
+
+    return Limits(pick("connect_seconds", None, DEFAULT_CONNECT_SECONDS),
+                  pick("first_byte_seconds", up.timeout_seconds, DEFAULT_FIRST_BYTE_SECONDS),
+                  pick("idle_seconds", None, DEFAULT_IDLE_SECONDS))
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """How one tier is called: its route's retry budget, its timeouts, and whether a next tier could
+    answer (a context-length refusal is relayed as is when none can)."""
+
+    retries: int | None = None  # None: the router's default
+    timeouts: Timeouts | None = None
+    can_escalate: bool = False
+
+
+# ---- outcomes ------------------------------------------------------------------------------------
 
 class Retryable(Exception):
-    pass
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict.reason)
+        self.verdict = verdict
 
 
 class UpstreamFailed(Exception):
-    """Retries exhausted: the next tier may answer instead."""
+    """This upstream cannot answer (retries spent, or retrying would not help): the next tier may."""
+
+    def __init__(self, message: str, verdict: Verdict | None = None) -> None:
+        super().__init__(message)
+        self.verdict = verdict or Verdict("escalate", message)
+
+    def client_error(self, upstream: str) -> APIError:
+        """What the client gets when no tier is left: a 429/503 with the provider's Retry-After, else
+        a 502 naming the upstream and the reason (never the provider's text)."""
+        v = self.verdict
+        if v.status in (429, 503):
+            headers = {"retry-after": str(math.ceil(v.retry_after))} if v.retry_after is not None else {}
+            if v.status == 429:
+                return RelayedLimit(429, f"upstream {upstream} is rate limited: {self}", headers,
+                                    type_="rate_limit_error", code="rate_limit_exceeded")
+            return RelayedLimit(503, f"upstream {upstream} is unavailable: {self}", headers,
+                                type_="service_unavailable", code="upstream_unavailable")
+        return APIError(502, f"upstream {upstream} failed: {self}", type_="upstream_error", code="upstream_failed")
+
+
+class RelayedLimit(APIError):
+    """An APIError answered with headers (Retry-After), so the client's SDK backs off as asked."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str], type_: str, code: str) -> None:
+        super().__init__(status, message, type_=type_, code=code)
+        self.headers = headers
+
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        return super().response({**self.headers, **(headers or {})})
 
 
 class UpstreamRejected(Exception):
@@ -37,6 +199,10 @@ class UpstreamRejected(Exception):
         super().__init__(f"upstream answered {status}")
         self.status, self.body = status, body
         self.headers = dict(headers or {})  # its content-type and request id go to the client too
+
+
+class IdleTimeout(TimeoutError):
+    """The upstream went silent for longer than its idle timeout after its answer had started."""
 
 
 def provider_of(up: Upstream) -> Any:
@@ -52,81 +218,206 @@ def missing_key(up: Upstream) -> str | None:
     return None
 
 
+async def _read(resp: aiohttp.ClientResponse, idle: float) -> bytes:
+    """A whole body, each read bounded by the idle timeout."""
+    parts: list[bytes] = []
+    while True:
+        async with asyncio.timeout(idle):
+            chunk = await resp.content.readany()
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+
+
+class Stream:
+    """An upstream stream whose first chunk has arrived. Iterating yields the chunks; a silence longer
+    than the idle timeout raises IdleTimeout (a TimeoutError) instead of hanging forever."""
+
+    def __init__(self, resp: aiohttp.ClientResponse, first: bytes, idle: float) -> None:
+        self.resp, self._first, self.idle = resp, first, idle
+        self.headers = resp.headers
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._first:
+            chunk, self._first = self._first, b""
+            return chunk
+        try:
+            async with asyncio.timeout(self.idle):
+                chunk = await self.resp.content.readany()
+        except TimeoutError:
+            raise IdleTimeout(f"no data for {self.idle:g} s (timeouts.idle_seconds)") from None
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
+
+    def chunks(self) -> Stream:
+        return self
+
+    def close(self) -> None:
+        self.resp.close()
+
+    def release(self) -> None:
+        self.resp.release()
+
+
 NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 T = TypeVar("T")
 
 
+# ---- the shell -----------------------------------------------------------------------------------
+
 class Caller:
     def __init__(self, http: aiohttp.ClientSession, max_retries: int = 2, backoff: float = 0.05) -> None:
         self.http = http
-        self.max_retries = max_retries
+        self.max_retries = max_retries  # for requests that name an upstream (no route, no escalation block)
         self.backoff = backoff
+        self._refused: set[str] = set()  # upstreams whose refusal of our credential was logged
 
-    def _retrying(self, retries: int | None = None) -> AsyncRetrying:
-        return AsyncRetrying(stop=stop_after_attempt((self.max_retries if retries is None else retries) + 1),
-                             wait=wait_exponential(multiplier=self.backoff, max=2.0),
-                             retry=retry_if_exception_type(Retryable), reraise=True)
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, Retryable) and exc.verdict.wait is not None:
+            return exc.verdict.wait
+        return float(wait_exponential(multiplier=self.backoff, max=2.0)(state))
 
-    async def _with_retries(self, up: Upstream, once: Callable[[], Awaitable[T]], retries: int | None) -> T:
+    async def _with_retries(self, up: Upstream, once: Callable[[], Awaitable[T]], at: Attempt) -> T:
         """Run `once` until it does not raise Retryable, then give up with UpstreamFailed."""
+        attempts = (self.max_retries if at.retries is None else at.retries) + 1
         try:
-            async for attempt in self._retrying(retries):
+            async for attempt in AsyncRetrying(stop=stop_after_attempt(attempts), wait=self._wait,
+                                               retry=retry_if_exception_type(Retryable), reraise=True):
                 with attempt:
-                    return await once()
+                    result = await once()
+                    self._refused.discard(up.name)
+                    return result
         except Retryable as exc:
-            raise UpstreamFailed(f"{up.name}: {exc}") from exc
+            tries = f" ({attempts} attempts)" if attempts > 1 else ""
+            raise UpstreamFailed(f"{up.name}: {exc}{tries}", exc.verdict) from exc
         raise AssertionError("unreachable")
 
+    def _refuse(self, up: Upstream, status: int, headers: Mapping[str, str], body: bytes, at: Attempt) -> None:
+        """Raise what an error answer means for this attempt (see `judge`)."""
+        v = judge(status, headers, body, datetime.now(UTC))
+        if v.action == "retry":
+            raise Retryable(v)
+        if v.action == "relay" or (v.context_length and not at.can_escalate):
+            raise UpstreamRejected(status, body, headers)
+        if v.credential and up.name not in self._refused:
+            self._refused.add(up.name)  # once per upstream, not per request; the key itself is never logged
+            where = f"the key in {up.api_key_env}" if up.api_key_env else "its API key (none is set: api_key_env)"
+            log.warning("upstream %s refused the router's credential (status %d): check %s (in a cluster: "
+                        "the GPUUpstream's apiKeySecretRef); requests go to the next tier", up.name, status, where)
+        raise UpstreamFailed(f"{up.name}: {v.reason}", v)
+
+    async def _post(self, url: str, headers: dict[str, str], payload: dict[str, Any],
+                    lim: Limits) -> aiohttp.ClientResponse:
+        try:
+            return await self.http.post(url, headers=headers, json=payload,
+                                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=lim.connect))
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise Retryable(Verdict("retry", f"connect timed out after {lim.connect:g} s "
+                                    "(timeouts.connect_seconds)")) from exc
+
+    @staticmethod
+    def _first_byte_late(lim: Limits) -> Retryable:
+        return Retryable(Verdict("retry", f"no answer within {lim.first_byte:g} s (timeouts.first_byte_seconds)"))
+
     async def complete(self, up: Upstream, endpoint: str, body: dict[str, Any],
-                       retries: int | None = None, headers_out: dict[str, str] | None = None) -> dict[str, Any]:
+                       at: Attempt | None = None, headers_out: dict[str, str] | None = None) -> dict[str, Any]:
         """The answer; `headers_out` receives the answer's headers the client gets too (relayed_headers)."""
+        at = at or Attempt()
         if why := missing_key(up):
             raise UpstreamFailed(why)
         prov = provider_of(up)
         url, headers, payload = prov.build_request(up, endpoint, body)
+        lim = limits(up, at.timeouts)
 
         async def once() -> dict[str, Any]:
             try:
-                async with self.http.post(url, headers=headers, json=payload,
-                                          timeout=aiohttp.ClientTimeout(total=up.timeout_seconds)) as r:
-                    content, status, got = await r.read(), r.status, r.headers
+                first_byte = asyncio.timeout(lim.first_byte)
+                try:
+                    async with first_byte:
+                        resp = await self._post(url, headers, payload, lim)
+                except TimeoutError as exc:
+                    if first_byte.expired():
+                        raise self._first_byte_late(lim) from exc
+                    raise
+                try:
+                    content = await _read(resp, lim.idle)
+                except BaseException as exc:
+                    resp.close()  # half-read: never back into the pool
+                    if isinstance(exc, TimeoutError):
+                        raise Retryable(Verdict("retry", f"the answer stalled for {lim.idle:g} s "
+                                                "(timeouts.idle_seconds)")) from exc
+                    raise
+                resp.release()
             except NETWORK_ERRORS as exc:
-                raise Retryable(type(exc).__name__) from exc
-            if status == 429 or status >= 500:
-                raise Retryable(f"status {status}")
-            if status >= 400:
-                raise UpstreamRejected(status, content, got)
-            try:
-                data: dict[str, Any] = prov.parse_response(endpoint, json.loads(content))
+                raise Retryable(Verdict("retry", type(exc).__name__)) from exc
+            if resp.status >= 400:
+                self._refuse(up, resp.status, resp.headers, content, at)
+            try:  # strict: NaN, lone surrogates or deep nesting could not be relayed (a 500 later)
+                raw = strictjson.loads(content, "the answer")
             except ValueError as exc:
-                raise Retryable("the upstream answered with invalid JSON") from exc
+                raise Retryable(Verdict("retry", "the upstream answered with invalid JSON")) from exc
+            if not isinstance(raw, dict):
+                raise Retryable(Verdict("retry", f"the upstream answered with a JSON {type(raw).__name__}, "
+                                        "not an object"))
+            blocks = raw.get("content")
+            if up.provider == "anthropic" and not (isinstance(blocks, list)
+                                                   and all(isinstance(b, dict) for b in blocks)):
+                # else translated as an empty answer: a silent drop of whatever it did say
+                raise Retryable(Verdict("retry", "the upstream's answer has no content blocks (not a message)"))
+            try:
+                data: dict[str, Any] = prov.parse_response(endpoint, raw)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise Retryable(Verdict("retry", "the upstream's answer has an unexpected shape")) from exc
+            choices = data.get("choices")
+            if not (isinstance(choices, list) and choices and all(isinstance(c, dict) for c in choices)):
+                raise Retryable(Verdict("retry", "the upstream's answer has no choices (not a completion)"))
             if headers_out is not None:
-                headers_out.update(relayed_headers(got))
+                headers_out.update(relayed_headers(resp.headers))
             return data
 
-        return await self._with_retries(up, once, retries)
+        return await self._with_retries(up, once, at)
 
     async def open_stream(self, up: Upstream, endpoint: str, body: dict[str, Any],
-                          retries: int | None = None) -> tuple[aiohttp.ClientResponse, Any]:
-        """An open streaming response (status checked) and a chunk translator (None: pass through)."""
+                          at: Attempt | None = None) -> tuple[Stream, Any]:
+        """A stream whose first chunk has arrived (so a stall before it is retried or escalated, as
+        nothing has reached the client yet), and a chunk translator (None: pass through)."""
+        at = at or Attempt()
         if why := missing_key(up):
             raise UpstreamFailed(why)
         prov = provider_of(up)
         url, headers, payload = prov.build_request(up, endpoint, body)
+        lim = limits(up, at.timeouts)
 
-        async def once() -> tuple[aiohttp.ClientResponse, Any]:
+        async def once() -> tuple[Stream, Any]:
+            resp: aiohttp.ClientResponse | None = None
+            first_byte = asyncio.timeout(lim.first_byte)
             try:
-                resp = await self.http.post(url, headers=headers, json=payload,
-                                            timeout=aiohttp.ClientTimeout(total=up.timeout_seconds))
+                async with first_byte:
+                    resp = await self._post(url, headers, payload, lim)
+                    if resp.status >= 400:
+                        content = await resp.read()
+                        resp.release()
+                        self._refuse(up, resp.status, resp.headers, content, at)
+                    first = await resp.content.readany()
+            except TimeoutError as exc:
+                if resp is not None:
+                    resp.close()  # half-read: never back into the pool
+                if first_byte.expired():
+                    raise self._first_byte_late(lim) from exc
+                raise Retryable(Verdict("retry", type(exc).__name__)) from exc
             except NETWORK_ERRORS as exc:
-                raise Retryable(type(exc).__name__) from exc
-            if resp.status == 429 or resp.status >= 500:
+                if resp is not None:
+                    resp.close()
+                raise Retryable(Verdict("retry", type(exc).__name__)) from exc
+            assert resp is not None
+            if not first:
                 resp.release()
-                raise Retryable(f"status {resp.status}")
-            if resp.status >= 400:
-                content = await resp.read()
-                resp.release()
-                raise UpstreamRejected(resp.status, content, resp.headers)
-            return resp, anthropic.StreamTranslator() if up.provider == "anthropic" else None
+                raise Retryable(Verdict("retry", "the upstream ended the stream before sending anything"))
+            return Stream(resp, first, lim.idle), anthropic.StreamTranslator() if up.provider == "anthropic" else None
 
-        return await self._with_retries(up, once, retries)
+        return await self._with_retries(up, once, at)

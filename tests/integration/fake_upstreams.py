@@ -56,6 +56,14 @@ class Script:
     echo_question: bool = False  # reply "answer to <last user message or prompt> (<calls so far>)"
     call_tools: bool = False  # a request with `tools` is answered with a call of the first one
     give_logprobs: bool = False  # a request with `logprobs` gets one logprob per reply word
+    # Upstream behaviours for the timeout and retry tests:
+    fail_headers: dict[str, str] = field(default_factory=dict)  # sent with the failures (e.g. Retry-After)
+    fail_body: dict[str, Any] | None = None  # the failures' body (default: {"error": {"message": "overloaded"}})
+    first_chunk_delay: float = 0.0  # a stream's headers go at once, its first chunk after this
+    stall_after: int = 0  # a stream goes silent for stall_seconds after this many chunks (0: never)
+    stall_seconds: float = 0.0
+    body_stall: float = 0.0  # a non-streamed answer sends its headers and half its body, then waits this long
+    reply_raw: bytes | None = None  # a non-streamed answer's exact body (e.g. valid JSON that is no object)
 
 
 def question_of(body: dict[str, Any]) -> str:
@@ -89,7 +97,8 @@ def openai_app(name: str, script: Script) -> Starlette:
         script.headers.append(dict(request.headers))
         if script.fail_times > 0:
             script.fail_times -= 1
-            return JSONResponse({"error": {"message": "overloaded"}}, status_code=script.fail_status)
+            return JSONResponse(script.fail_body or {"error": {"message": "overloaded"}},
+                                status_code=script.fail_status, headers=script.fail_headers)
         reply, call, with_logprobs = answer_parts(script, name, body)
         usage = {
             "prompt_tokens": 10,
@@ -100,6 +109,8 @@ def openai_app(name: str, script: Script) -> Starlette:
         if body.get("stream"):
 
             async def gen() -> AsyncIterator[bytes]:
+                await asyncio.sleep(script.first_chunk_delay)
+                sent = 0
                 base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": body["model"]}
                 if call:  # as OpenAI streams a call: id and name first, then the arguments in pieces
                     args = call["function"]["arguments"]
@@ -119,6 +130,9 @@ def openai_app(name: str, script: Script) -> Starlette:
                     try:
                         yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
                         await asyncio.sleep(script.stream_delay)
+                        sent += 1
+                        if sent == script.stall_after:
+                            await asyncio.sleep(script.stall_seconds)
                     except (asyncio.CancelledError, GeneratorExit):
                         script.streams_cut += 1  # what vLLM sees as an aborted request
                         raise
@@ -137,6 +151,16 @@ def openai_app(name: str, script: Script) -> Starlette:
         if script.reply_delay and await client_left_within(request, script.reply_delay):
             script.streams_cut += 1
             return Response(status_code=499)
+        if script.reply_raw is not None:
+            return Response(script.reply_raw, media_type="application/json")
+        if script.body_stall:
+
+            async def halves() -> AsyncIterator[bytes]:
+                yield b'{"id": "c1", '
+                await asyncio.sleep(script.body_stall)
+                yield b'"object": "chat.completion", "choices": []}'
+
+            return StreamingResponse(halves(), media_type="application/json")
         return JSONResponse(
             {
                 "id": "c1",

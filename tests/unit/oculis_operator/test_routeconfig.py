@@ -52,3 +52,18 @@ def test_missing_and_unready_upstreams_are_reported() -> None:
     assert out.routes["a"].reason == "UpstreamNotReady" and not out.routes["a"].ready
     assert out.routes["a"].message == "rendered, but not Ready yet: small (ChangeRefused)"
     assert [r.name for r in parse_config(out.data[routeconfig.CONFIG_KEY]).routes] == ["a"]
+
+
+def test_timeouts_of_gpuupstreams_and_route_tiers_reach_the_router_config() -> None:
+    from oculis_router.upstreams import Limits, limits
+
+    route = ir("adaptive", "small", "gpt")
+    route["spec"]["tiers"][1]["timeouts"] = {"firstByteSeconds": 600}  # a per-tier override
+    out = routeconfig.render_namespace(
+        [route], [gu("small", timeouts={"connectSeconds": 2, "idleSeconds": 15}),
+                  gu("gpt", "openai", timeouts={"firstByteSeconds": 90})])
+    cfg = parse_config(out.data[routeconfig.CONFIG_KEY])
+    tiers = cfg.route("adaptive").tiers
+    assert limits(cfg.upstream("small"), tiers[0].timeouts) == Limits(2.0, 120.0, 15.0)
+    assert limits(cfg.upstream("gpt"), tiers[1].timeouts) == Limits(10.0, 600.0, 60.0)
+    assert limits(cfg.upstream("gpt")) == Limits(10.0, 90.0, 60.0)
