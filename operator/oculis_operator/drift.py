@@ -42,13 +42,16 @@ DEPLOYMENT = Rules(
         (*_POD, "nodeSelector"): (),
         (*_CONTAINER, "resources", "limits"): (),
         (*_CONTAINER, "resources", "requests"): (),
+        (*_CONTAINER, "securityContext"): (),  # privileged: true next to our allowPrivilegeEscalation: false
     },
     owned_absent={
-        _POD: ("nodeSelector", "initContainers", "hostNetwork", "hostPID", "hostIPC", "serviceAccountName"),
+        _POD: ("nodeSelector", "initContainers", "hostNetwork", "hostPID", "hostIPC", "serviceAccountName",
+               "securityContext"),
         _CONTAINER: ("command", "env", "envFrom"),
     },
 )
-SERVICE = Rules(exact={("spec", "selector"): ()})
+# type is rendered (ClusterIP): an engine API has no authentication, so a NodePort is an edit to undo.
+SERVICE = Rules(exact={("spec", "selector"): ()}, owned_absent={("spec",): ("externalIPs",)})
 PDB = Rules(
     exact={("spec", "selector", "matchLabels"): ()},
     owned_absent={("spec",): ("minAvailable",), ("spec", "selector"): ("matchExpressions",)},

@@ -109,7 +109,7 @@ def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": workload_name(name), "namespace": namespace, "labels": labels(name),
                      "ownerReferences": [owner_ref(name, uid)]},
-        "spec": {"selector": {UPSTREAM_LABEL: name, "app.kubernetes.io/name": "vllm"},
+        "spec": {"type": "ClusterIP", "selector": {UPSTREAM_LABEL: name, "app.kubernetes.io/name": "vllm"},
                  "ports": [{"name": "http", "port": PORT, "targetPort": PORT}]},
     }
 

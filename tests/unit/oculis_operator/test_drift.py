@@ -111,10 +111,16 @@ def edit(dep: dict[str, Any], how: str) -> None:
             pod["nodeSelector"] = {"zone": "elsewhere"}
         case "tolerations":
             pod["tolerations"] = []
+        case "privileged":
+            c["securityContext"]["privileged"] = True
+        case "runAsRoot":
+            pod["securityContext"] = {"runAsUser": 0}
+        case "probe":
+            c["readinessProbe"]["httpGet"]["path"] = "/"
 
 
 @pytest.mark.parametrize("how", ["image", "args", "env", "resources", "gpus", "sidecar", "label", "annotation",
-                                 "nodeSelector", "tolerations"])
+                                 "nodeSelector", "tolerations", "privileged", "runAsRoot", "probe"])
 def test_hand_edits_of_the_deployment_template_are_reverted_and_not_ready(how: str) -> None:
     dep, svc, pdb, status = steady()
     edit(dep, how)
@@ -146,16 +152,19 @@ def test_hand_edits_of_the_service_and_pdb_are_reverted() -> None:
     dep, svc, pdb, status = steady()
     svc["spec"]["selector"] = {**svc["spec"]["selector"], "oculis.dev/upstream": "other", "extra": "x"}
     svc["spec"]["ports"][0]["targetPort"] = 9999
+    svc["spec"]["type"] = "NodePort"
     pdb["spec"] = {"minAvailable": 2, "selector": pdb["spec"]["selector"]}
     out = reconcile(observe(dep, svc, pdb, status), lambda p: 8, "t")
     message = out.warnings[0][1]
-    assert "Service llama-vllm: spec.selector.oculis.dev/upstream, spec.selector.extra, spec.ports[0].targetPort" \
-        in message and "PodDisruptionBudget llama-vllm: spec.maxUnavailable, spec.minAvailable" in message
+    assert ("Service llama-vllm: spec.type, spec.selector.oculis.dev/upstream, spec.selector.extra, "
+            "spec.ports[0].targetPort") in message
+    assert "PodDisruptionBudget llama-vllm: spec.maxUnavailable, spec.minAvailable" in message
     assert conds(out.status)["Ready"]["status"] == "False"
     assert out.service_patch is not None and out.pdb_patch is not None
     svc2, pdb2 = merge(svc, out.service_patch), merge(pdb, out.pdb_patch)
     assert svc2["spec"]["selector"] == {"oculis.dev/upstream": "llama", "app.kubernetes.io/name": "vllm"}
     assert svc2["spec"]["clusterIP"] == "10.96.0.12"  # what the API server set is left alone
+    assert svc2["spec"]["type"] == "ClusterIP"
     assert pdb2["spec"] == {"maxUnavailable": 1, "selector": pdb["spec"]["selector"]}
     again = reconcile(observe(dep, svc2, pdb2, out.status), lambda p: 8, "t")
     assert (again.service_patch, again.pdb_patch, again.warnings) == (None, None, [])
