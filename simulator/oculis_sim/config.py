@@ -104,7 +104,7 @@ def load_model_config(path: Path) -> ModelConfig:
                              ) from None
 
 
-def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | None = None, tp: int = 1,
+def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | ModelConfig | None = None, tp: int = 1,
             max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
             max_model_len: str | None = None, gpu_memory_utilization: float = 0.92, kv_cache_dtype: str = "auto",
             quantization: str | None = None, prefix_caching: bool = True, speculative_config: str | None = None,
@@ -113,7 +113,7 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | None 
         raise SimConfigError("--gpu: missing; name the GPU product to simulate (e.g. --gpu H100-80GB, or set "
                              "OCULIS_SIM_GPU)")
     gpu = lookup_gpu(gpu_name)
-    inline = load_model_config(model_config) if model_config else None
+    inline = load_model_config(model_config) if isinstance(model_config, Path) else model_config
     try:
         model = catalog.lookup(model_name, inline)
     except KeyError:

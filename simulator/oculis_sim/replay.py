@@ -42,6 +42,7 @@ class ReplayResult:
     duration_s: float
     output_tokens: int
     spec_acceptance_length: float | None
+    tpot_ms: dict[str, float]  # per request (E2E - TTFT) / (output - 1), as vLLM bench's TPOT
 
 
 class _Rec:
@@ -75,6 +76,7 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     itl = array("d")
     ttft = array("d")
     e2e = array("d")
+    tpot = array("d")
     out_tokens = 0
     last_done = 0.0
 
@@ -124,6 +126,8 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
             assert rec is not None
             done = rec.last + finish
             e2e.append(done - rec.send)
+            if req.num_output > 1:
+                tpot.append((rec.last - rec.first) / (req.num_output - 1))
             last_done = max(last_done, done)
             inflight -= 1
         if conc is not None and res.finished:
@@ -144,4 +148,5 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     }
     al = (1 + c.spec_accepted / c.spec_drafts) if c.spec_drafts else None
     hit_rate = c.prefix_hits / c.prefix_queries if c.prefix_queries else 0.0
-    return ReplayResult(summary, c.peak_kv_usage, refused, hit_rate, duration, out_tokens, al)
+    return ReplayResult(summary, c.peak_kv_usage, refused, hit_rate, duration, out_tokens, al,
+                        stats_ms(np.frombuffer(tpot, dtype=np.float64)))
