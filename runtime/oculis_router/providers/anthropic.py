@@ -113,7 +113,9 @@ def user_blocks(up: Upstream, content: Any, where: str) -> list[dict[str, Any]]:
     blocks = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise bad_request(f"`{where}.content[{j}].text` must be a string", param=where)
             if part["text"]:
                 blocks.append({"type": "text", "text": part["text"]})
         elif kind == "image_url":
@@ -129,7 +131,10 @@ def assistant_blocks(up: Upstream, m: dict[str, Any], where: str) -> list[dict[s
         if m.get(key) is not None:
             raise refused(up, f"{where}.{key}", WHY[key])
     blocks = [] if m.get("content") is None else text_of(up, m["content"], where)
-    for k, call in enumerate(m.get("tool_calls") or []):
+    calls = m.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise bad_request(f"`{where}.tool_calls` must be a list of calls", param=f"{where}.tool_calls")
+    for k, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(call.get("id"), str):
             raise bad_request(f"`{where}.tool_calls[{k}]` needs an `id` and a `function` with a `name`",
@@ -205,6 +210,8 @@ def translate_tools(up: Upstream, body: dict[str, Any]) -> dict[str, Any]:
                 raise refused(up, f"tools[{k}].function.strict", "strict schema adherence is not translated; "
                               "leave `strict` out")
             schema = fn.get("parameters") or {}
+            if not isinstance(schema, dict):
+                raise bad_request(f"`tools[{k}].function.parameters` must be a JSON Schema object", param="tools")
             tool: dict[str, Any] = {"name": fn["name"], "input_schema": {"type": "object", **schema}}
             if fn.get("description"):
                 tool["description"] = fn["description"]
@@ -215,8 +222,8 @@ def translate_tools(up: Upstream, body: dict[str, Any]) -> dict[str, Any]:
             out["tool_choice"] = {"type": choice}
         elif choice == "required":
             out["tool_choice"] = {"type": "any"}
-        elif (isinstance(choice, dict) and choice.get("type") == "function"
-              and isinstance((choice.get("function") or {}).get("name"), str)):
+        elif (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict)
+              and isinstance(choice["function"].get("name"), str)):
             out["tool_choice"] = {"type": "tool", "name": choice["function"]["name"]}
         else:
             raise refused(up, "tool_choice", "give auto, none, required or {type: function, function: {name}}")
@@ -252,7 +259,10 @@ def translate(up: Upstream, endpoint: str, body: dict[str, Any]) -> dict[str, An
         raise bad_request(f"upstream {up.name} is an Anthropic model, which has no completions endpoint; "
                           "send the request to /v1/chat/completions", code="unsupported_endpoint")
     check_params(up, body)
-    system, messages = translate_messages(up, body.get("messages", []))
+    conversation = body.get("messages")
+    if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
+        raise bad_request("`messages` must be a list of {role, content} objects", param="messages")
+    system, messages = translate_messages(up, conversation)
     if not messages:
         raise bad_request(f"upstream {up.name} (anthropic) needs at least one non-empty user or assistant message",
                           param="messages")
@@ -266,7 +276,9 @@ def translate(up: Upstream, endpoint: str, body: dict[str, Any]) -> dict[str, An
             out[name] = body[name]
     stop = body.get("stop")
     if stop:
-        out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
+        if not (isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))):
+            raise bad_request("`stop` must be a string or a list of strings", param="stop")
+        out["stop_sequences"] = [stop] if isinstance(stop, str) else stop
     end_user = body.get("safety_identifier") or body.get("user")  # OpenAI's new name for `user`, then the old
     if isinstance(end_user, str):
         out["metadata"] = {"user_id": end_user}
@@ -290,7 +302,8 @@ def place_cache_markers(req: dict[str, Any], breakpoints: int, ttl: str) -> None
         block["cache_control"] = dict(marker)
 
 
-def usage_to_openai(u: dict[str, Any]) -> dict[str, Any]:
+def usage_to_openai(u: Any) -> dict[str, Any]:
+    u = u if isinstance(u, dict) else {}
     read, write = int(u.get("cache_read_input_tokens") or 0), int(u.get("cache_creation_input_tokens") or 0)
     prompt = int(u.get("input_tokens") or 0) + read + write
     completion = int(u.get("output_tokens") or 0)
@@ -304,8 +317,9 @@ def tool_call(block: dict[str, Any], arguments: str) -> dict[str, Any]:
 
 
 def parse_response(endpoint: str, data: dict[str, Any]) -> dict[str, Any]:
-    blocks = [b for b in data.get("content") or [] if isinstance(b, dict)]
-    text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    content = data.get("content")
+    blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+    text = "".join(b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str))
     calls = [tool_call(b, json.dumps(b.get("input") or {})) for b in blocks if b.get("type") == "tool_use"]
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     if calls:

@@ -232,3 +232,30 @@ def test_a_streamed_tool_use_becomes_tool_call_deltas() -> None:
     assert "".join(d.get("content") or "" for d in deltas) == "On it."
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
     assert chunks[-1]["usage"]["completion_tokens"] == 9
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"stop": 5}, "stop"),
+        ({"stop": ["a", 1]}, "stop"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}, "tools"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": "f"}}, "tool_choice"),
+        ({"messages": [*USER, {"role": "assistant", "tool_calls": {"id": "c"}}]}, "messages[1].tool_calls"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0]"),
+        ({"messages": "hi"}, "messages"),
+    ],
+)
+def test_malformed_fields_are_a_400_not_a_crash(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(APIError) as err:
+        anthropic.build_request(UP, "chat", {"model": "r", "messages": USER, **body})
+    assert err.value.status == 400 and err.value.param == param
+
+
+@pytest.mark.parametrize("shape", [None, 1, "x", [], {}, [1], [{"type": "text", "text": 1}]])
+def test_an_answer_of_an_odd_shape_parses_or_raises_what_the_caller_retries(shape: Any) -> None:
+    try:
+        out = anthropic.parse_response("chat", {"content": shape, "usage": shape, "stop_reason": "end_turn"})
+    except (KeyError, TypeError, ValueError):
+        return  # the caller counts it as an upstream answer of an unexpected shape
+    assert out["choices"][0]["message"]["content"] == "" and out["usage"]["total_tokens"] == 0
