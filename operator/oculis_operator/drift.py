@@ -45,6 +45,7 @@ DEPLOYMENT = Rules(
         (*_CONTAINER, "securityContext"): (),  # privileged: true next to our allowPrivilegeEscalation: false
     },
     owned_absent={
+        ("spec",): ("paused",),  # `kubectl rollout pause` would hold every engine change forever
         _POD: ("nodeSelector", "initContainers", "hostNetwork", "hostPID", "hostIPC", "serviceAccountName",
                "securityContext"),
         _CONTAINER: ("command", "env", "envFrom"),

@@ -117,10 +117,13 @@ def edit(dep: dict[str, Any], how: str) -> None:
             pod["securityContext"] = {"runAsUser": 0}
         case "probe":
             c["readinessProbe"]["httpGet"]["path"] = "/"
+        case "paused":
+            dep["spec"]["paused"] = True
 
 
 @pytest.mark.parametrize("how", ["image", "args", "env", "resources", "gpus", "sidecar", "label", "annotation",
-                                 "nodeSelector", "tolerations", "privileged", "runAsRoot", "probe"])
+                                 "nodeSelector", "tolerations", "privileged", "runAsRoot", "probe",
+                                 "paused"])
 def test_hand_edits_of_the_deployment_template_are_reverted_and_not_ready(how: str) -> None:
     dep, svc, pdb, status = steady()
     edit(dep, how)
