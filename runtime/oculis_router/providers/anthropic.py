@@ -31,7 +31,7 @@ from oculis_router.errors import APIError, bad_request
 
 STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
         "pause_turn": "stop", "refusal": "content_filter", "model_context_window_exceeded": "length"}
-# Request fields with a Messages API counterpart (each is handled in build_request).
+# Request fields with a Messages API counterpart (each is handled in translate).
 TRANSLATED = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop",
               "stream", "tools", "tool_choice", "parallel_tool_calls", "user", "safety_identifier"}
 # Fields that change nothing about the answer: usage is always reported on Anthropic streams, and
