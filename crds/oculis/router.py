@@ -157,8 +157,8 @@ class Escalation(Model):
     """Try the next tier after an upstream failed its retries"""
     max_retries: int = Field(2, ge=0, le=10)
     """Retries on one upstream (connection errors, timeouts, 429, 5xx) before escalating; 0: one attempt.
-    A 429/503 whose Retry-After is over 2 s, a refused router credential (401/403) and a context-length
-    400 are not retried: they escalate at once"""
+    A 429/503 whose Retry-After is over 2 s, a refused router credential (401/403), a context-length
+    400, and a first-byte or idle timeout while a next tier can answer are not retried: they escalate at once"""
 
 
 class CacheWhen(Model):

@@ -9,8 +9,9 @@ body: retry on the same upstream (connection errors, timeouts, 5xx, 429 without 
 exponential backoff, or exactly the Retry-After when it is at most `RETRY_AFTER_WAIT_MAX_S`), move
 to the next tier at once (a longer Retry-After, the router's own credential refused, a prompt over
 the tier's context length), or relay the upstream's answer (any other 4xx: the client's problem).
-Retries stop after `escalation.max_retries`. Streams are retried only while no byte has reached the
-client: the first chunk is read here, before the router starts answering.
+Retries stop after `escalation.max_retries`; a first-byte or idle timeout is retried only on the last
+tier (each retry costs the whole timeout again). Streams are retried only while no byte has reached
+the client: the first chunk is read here, before the router starts answering.
 
 The HTTP client is aiohttp, not httpx: httpx's connection pool degrades badly under concurrency
 (encode/httpx#3215, open; measured here: 18 ms of CPU per request at 256 concurrent vs 0.6 ms at 1).
@@ -321,8 +322,16 @@ class Caller:
                                     "(timeouts.connect_seconds)")) from exc
 
     @staticmethod
-    def _first_byte_late(lim: Limits) -> Retryable:
-        return Retryable(Verdict("retry", f"no answer within {lim.first_byte:g} s (timeouts.first_byte_seconds)"))
+    def _timed_out(up: Upstream, reason: str, at: Attempt) -> Exception:
+        """A first-byte or idle timeout: each retry would cost the whole timeout again, so with a next
+        tier able to answer it moves on at once; on the last tier it is retried like any failure."""
+        if at.can_escalate:
+            return UpstreamFailed(f"{up.name}: {reason}", Verdict("escalate", reason))
+        return Retryable(Verdict("retry", reason))
+
+    @staticmethod
+    def _late(lim: Limits) -> str:
+        return f"no answer within {lim.first_byte:g} s (timeouts.first_byte_seconds)"
 
     async def complete(self, up: Upstream, endpoint: str, body: dict[str, Any],
                        at: Attempt | None = None, headers_out: dict[str, str] | None = None) -> dict[str, Any]:
@@ -342,15 +351,15 @@ class Caller:
                         resp = await self._post(url, headers, payload, lim)
                 except TimeoutError as exc:
                     if first_byte.expired():
-                        raise self._first_byte_late(lim) from exc
+                        raise self._timed_out(up, self._late(lim), at) from exc
                     raise
                 try:
                     content = await _read(resp, lim.idle)
                 except BaseException as exc:
                     resp.close()  # half-read: never back into the pool
                     if isinstance(exc, TimeoutError):
-                        raise Retryable(Verdict("retry", f"the answer stalled for {lim.idle:g} s "
-                                                "(timeouts.idle_seconds)")) from exc
+                        raise self._timed_out(up, f"the answer stalled for {lim.idle:g} s (timeouts.idle_seconds)",
+                                              at) from exc
                     raise
                 resp.release()
             except NETWORK_ERRORS as exc:
@@ -408,7 +417,7 @@ class Caller:
                 if resp is not None:
                     resp.close()  # half-read: never back into the pool
                 if first_byte.expired():
-                    raise self._first_byte_late(lim) from exc
+                    raise self._timed_out(up, self._late(lim), at) from exc
                 raise Retryable(Verdict("retry", type(exc).__name__)) from exc
             except NETWORK_ERRORS as exc:
                 if resp is not None:

@@ -93,13 +93,18 @@ def test_a_stream_silent_past_the_idle_timeout_ends_with_an_error_event_and_is_n
 
 def test_a_stream_that_sends_headers_then_nothing_is_escalated_before_its_first_byte(
         router: RouterHandle, fakes: Fakes) -> None:
-    reconfigure(router, fakes, {"llama-8b": {"timeouts": {"first_byte_seconds": 0.5}}},
-                escalation={"max_retries": 0})
-    fakes.scripts["small"].first_chunk_delay = 30
+    reconfigure(router, fakes, {"llama-8b": {"timeouts": {"first_byte_seconds": 0.3}}},
+                routes=[only("llama-8b", max_retries=1)])
+    small = fakes.scripts["small"]
+    small.first_chunk_delay = 30
     r, text, events = stream_text(router)
     assert r.status_code == 200 and r.headers["x-oculis-upstream"] == "llama-70b"
     assert text.strip() == "hello from large" and not [e for e in events if "error" in e]
-    assert len(fakes.scripts["small"].received) == 1
+    # A timed-out try is not repeated while another tier can answer (it would cost the timeout again)...
+    assert len(small.received) == 1
+    r = post(router, "only", stream=True)
+    assert r.status_code == 502 and "no answer within 0.3 s" in r.json()["error"]["message"]
+    assert len(small.received) == 3  # ...but on the last tier it is retried, max_retries times
 
 
 @pytest.mark.parametrize(("behaviour", "timeouts", "reason"), [
@@ -109,12 +114,12 @@ def test_a_stream_that_sends_headers_then_nothing_is_escalated_before_its_first_
 def test_a_non_streamed_answer_gets_a_first_byte_then_an_idle_timeout(
         router: RouterHandle, fakes: Fakes, behaviour: dict[str, float], timeouts: dict[str, float],
         reason: str) -> None:
-    reconfigure(router, fakes, {"llama-8b": {"timeouts": timeouts}}, escalation={"max_retries": 0},
-                routes=[only("llama-8b", max_retries=0)])
+    reconfigure(router, fakes, {"llama-8b": {"timeouts": timeouts}}, routes=[only("llama-8b", max_retries=0)])
     for k, v in behaviour.items():
         setattr(fakes.scripts["small"], k, v)
     r = post(router, "adaptive")
     assert r.status_code == 200 and r.headers["x-oculis-upstream"] == "llama-70b"
+    assert len(fakes.scripts["small"].received) == 1
     r = post(router, "only")
     assert r.status_code == 502 and reason in r.json()["error"]["message"]
 
