@@ -211,11 +211,13 @@ def media_parts(messages: list[dict[str, Any]]) -> int:
 
 
 def content_text(content: Any) -> str:
-    """OpenAI content is a string or a list of parts; only text parts count."""
+    """OpenAI content is a string or a list of parts; only text parts count (a part whose `text` is
+    not a string has none: scoring is no place to refuse a request, and a TypeError here was a 500)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        return "\n".join(t for p in content if isinstance(p, dict) and p.get("type") == "text"
+                         and isinstance(t := p.get("text"), str))
     return ""
 
 
