@@ -8,9 +8,18 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from oculis import __version__
 from oculis_cli import capacity, deps, route, serve
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (the usage block is what `--help` is for); subcommands
+    inherit this class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def _register_sim(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,7 +41,7 @@ def _run_sim(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oculis", description="Oculis: cheaper, faster self-hosted LLM inference")
+    parser = Parser(prog="oculis", description="Oculis: cheaper, faster self-hosted LLM inference")
     parser.add_argument("--version", action="version", version=f"oculis {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     deps.register(sub)

@@ -14,20 +14,22 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TextIO
 
-from oculis import ConfigError, load_config
+from oculis import ConfigError
+from oculis_cli.inputs import InputError, read_config
 
 
 def register(sub: Any) -> None:
     route = sub.add_parser("route", help="inspect how a route classifies and tiers prompts")
     route_sub = route.add_subparsers(dest="route_command", required=True, metavar="COMMAND")
     score = route_sub.add_parser("score", help="score JSON lines from stdin: complexity, confidence, tier")
-    score.add_argument("--config", required=True, help="oculis-config.yaml")
+    score.add_argument("--config", required=True, type=Path, help="oculis-config.yaml")
     score.add_argument("--route", required=True, help="route name in the config")
     score.set_defaults(run=run_score)
     analyze = route_sub.add_parser("analyze", help="a traffic sample's tier split, and thresholds for a wanted split")
-    analyze.add_argument("--config", required=True, help="oculis-config.yaml")
+    analyze.add_argument("--config", required=True, type=Path, help="oculis-config.yaml")
     analyze.add_argument("--route", required=True, help="route name in the config")
     analyze.add_argument("--shares", help="wanted share per tier, in tier order, e.g. 0.5,0.3,0.2")
     analyze.add_argument("-o", "--output", choices=["text", "json"], default="text")
@@ -37,8 +39,8 @@ def register(sub: Any) -> None:
 def load_scorer(args: argparse.Namespace, command: str) -> Any:
     """The route's RouteScorer, or None after printing why (exit 2)."""
     try:
-        route = load_config(args.config).route(args.route)
-    except ConfigError as exc:
+        route = read_config(args.config).route(args.route)
+    except (InputError, ConfigError) as exc:
         print(f"oculis route {command}: {exc}", file=sys.stderr)
         return None
     from oculis_router.decide import RouteScorer  # the router's own path; loads the model once
@@ -60,6 +62,8 @@ def scored_lines(scorer: Any, stdin: TextIO) -> Iterator[tuple[int, Any]]:
             if not isinstance(payload, dict):
                 raise ValueError("expected a JSON object")
             yield lineno, scorer.score(payload)
+        except RecursionError:  # json and the classifier recurse into nested values
+            yield lineno, f"line {lineno}: nested too deeply; send a flat {{prompt}} or {{messages}} object"
         except (ValueError, TypeError) as exc:
             yield lineno, f"line {lineno}: {exc}"
 
@@ -125,6 +129,8 @@ def render_text(name: str, report: dict[str, Any]) -> str:
     if "suggested_complexity_below" in report:
         lines.append("  for the wanted split, set:")
         suggested = report["suggested_complexity_below"]
-        lines += [f"    {tier}: match.complexity_below: {v}" for tier, v in suggested.items()]
+        lines += [f"    {tier}: match.complexity_below: {v}" if v is not None
+                  else f"    {tier}: match: {{}} (no complexity rule: even complexity 1.0 stays here)"
+                  for tier, v in suggested.items()]
         lines.append(f"  ({report['note']})")
     return "\n".join(lines) + "\n"

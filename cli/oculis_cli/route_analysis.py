@@ -7,6 +7,7 @@ Scoring a sample of one's own prompts and reading off thresholds recalibrates th
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -32,9 +33,24 @@ def parse_shares(raw: str, n_tiers: int) -> list[float]:
         raise ValueError(f"{raw!r} is not a comma-separated list of numbers") from None
     if len(shares) != n_tiers:
         raise ValueError(f"{len(shares)} shares given for a route of {n_tiers} tiers; give one per tier")
-    if any(s < 0 for s in shares) or abs(sum(shares) - 1) > 1e-6:
-        raise ValueError(f"shares {raw} must be non-negative and sum to 1 (they sum to {sum(shares):g})")
+    if not all(math.isfinite(s) and s >= 0 for s in shares):  # NaN passes every comparison below
+        raise ValueError(f"shares {raw} must be finite non-negative numbers, such as 0.5,0.3,0.2")
+    if abs(sum(shares) - 1) > 1e-6:
+        raise ValueError(f"shares {raw} must sum to 1 (they sum to {sum(shares):g})")
     return shares
+
+
+def threshold_for(cx: Any, share: float) -> float | None:
+    """The `complexity_below` that sends about `share` of the sample `cx` (sorted or not) below it.
+
+    The quantile at the share, clamped into (0, 1] where the schema wants thresholds (ties at 0 then
+    stay in the first tier). A share of all must include the maximum too, which `complexity < max`
+    leaves out: then a step above it, or None (no complexity rule: `match: {}`) when the maximum
+    is already 1.0, the highest threshold there is."""
+    if share < 1 - 1e-6:  # the tolerance parse_shares allows in the sum
+        return round(min(max(float(np.quantile(cx, share)), 1e-4), 1.0), 4)
+    top = float(np.max(cx))
+    return None if top >= 1.0 else round(min(top + 1e-4, 1.0), 4)
 
 
 def analyze(route: Route, scored: list[Scored], shares: list[float] | None = None) -> dict[str, Any]:
@@ -53,12 +69,10 @@ def analyze(route: Route, scored: list[Scored], shares: list[float] | None = Non
                                           for s in scored) / n, 4),
     }
     if shares is not None:
-        # Tier i (all but the last) gets the prompts below the quantile at the cumulative share,
-        # clamped into (0, 1] where the schema wants thresholds (ties at 0 then stay in the first tier).
+        # Tier i (all but the last) gets the prompts below the threshold at the cumulative share.
         cuts = np.cumsum(shares)[:-1]
         out["suggested_complexity_below"] = {
-            t.name: round(min(max(float(np.quantile(cx, min(c, 1.0))), 1e-4), 1.0), 4)
-            for t, c in zip(route.tiers[:-1], cuts, strict=True)}
+            t.name: threshold_for(cx, float(c)) for t, c in zip(route.tiers[:-1], cuts, strict=True)}
         out["note"] = ("complexity only: max_prompt_tokens rules and low-confidence escalation still move "
                        "prompts up, so the split is a starting point; score the sample again after changing it")
     return out

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-from oculis import ConfigError, load_config
+from oculis_cli.inputs import InputError, finite_float, port_number, read_config
 
 
 def register(sub: Any) -> None:
@@ -24,24 +25,29 @@ def register(sub: Any) -> None:
     p.add_argument("--client-keys-env", metavar="VAR",
                    help="accept only clients whose bearer key is listed (comma-separated) in this environment "
                    "variable; overrides the config's server.client_keys_env")
-    p.add_argument("--shutdown-grace", type=float, default=120, metavar="SECONDS",
+    p.add_argument("--endpoints", type=Path, metavar="FILE",
+                   help="endpoint map {HOST: {ports: [...]}} (re-read on change): dial those base_url hosts at "
+                   "127.0.0.1 ports, e.g. the sandbox cluster's simulated pods (e2e/cluster serve-pods)")
+    p.add_argument("--shutdown-grace", type=finite_float, default=120, metavar="SECONDS",
                    help="after SIGTERM, how long in-flight requests and streams may take to finish (default 120)")
     p.set_defaults(run=run)
-
-
-def port_number(raw: str) -> int:
-    if not raw.isdigit() or int(raw) > 65535:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a port; give 0-65535")
-    return int(raw)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         if not (args.wait_for_config and not args.config.exists()):
-            load_config(args.config)  # refuse a bad file before binding anything
-    except ConfigError as exc:
+            read_config(args.config)  # refuse a bad file before binding anything
+    except InputError as exc:
         print(f"oculis serve: {exc}", file=sys.stderr)
         return 2
+    if args.endpoints is not None:
+        from oculis_router.endpoints import EndpointsError, load_endpoints
+
+        try:
+            load_endpoints(args.endpoints)
+        except EndpointsError as exc:
+            print(f"oculis serve: {exc}", file=sys.stderr)
+            return 2
     if args.client_keys_env is not None and not args.client_keys_env.isidentifier():
         print(f"oculis serve: --client-keys-env {args.client_keys_env!r} is not an environment variable name",
               file=sys.stderr)
@@ -49,11 +55,16 @@ def run(args: argparse.Namespace) -> int:
     if args.shutdown_grace < 0:
         print(f"oculis serve: --shutdown-grace {args.shutdown_grace:g} is negative; give seconds >= 0", file=sys.stderr)
         return 2
+    if args.port and args.port == args.metrics_port:  # the second bind would fail after the preflight passed
+        print(f"oculis serve: --metrics-port {args.metrics_port} is also --port; give another port, or 0 to turn "
+              "metrics off", file=sys.stderr)
+        return 2
     for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
-        if port and not port_free(args.host, port):
-            print(f"oculis serve: {flag} {port}: {args.host}:{port} is already in use; stop what holds it "
-                  f"(`ss -ltnp 'sport = :{port}'`) or pick another {flag}", file=sys.stderr)
-            return 1
+        problem = bind_problem(args.host, port, flag) if port else None
+        if problem is not None:
+            code, message = problem
+            print(f"oculis serve: {message}", file=sys.stderr)
+            return code
     import uvicorn
     from prometheus_client import start_http_server
 
@@ -65,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
     app = build_app(config_path=args.config, metrics=metrics, wait_for_config=args.wait_for_config,
-                    client_keys_env=args.client_keys_env)
+                    client_keys_env=args.client_keys_env, endpoints=args.endpoints)
     # On SIGTERM (a rolling restart) uvicorn stops accepting, lets in-flight requests and streams
     # finish for up to --shutdown-grace seconds, then exits: no answer is cut short by a restart.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
@@ -73,11 +84,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
+def bind_problem(host: str, port: int, flag: str = "--port") -> tuple[int, str] | None:
+    """Why `host:port` cannot be listened on, as (exit code, message), or None when it can.
+
+    Told apart because the fixes differ: a host that does not resolve or is not an address of this
+    machine is a bad argument (2); a port another process holds is a busy machine (1)."""
+    try:
+        addrs = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        return 2, f"--host {host!r} does not resolve ({reason}); give an address of this machine such as 127.0.0.1"
+    for family, kind, proto, _, addr in addrs:  # every address the server will bind, as asyncio's server does
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return 1, (f"{flag} {port}: {host}:{port} is already in use; stop what holds it "
+                               f"(`ss -ltnp 'sport = :{port}'`) or pick another {flag}")
+                return 2, (f"cannot bind --host {host!r} ({exc.strerror}): not an address of this machine; give "
+                           "127.0.0.1, 0.0.0.0 or an address of one of its interfaces")
+    return None

@@ -68,7 +68,8 @@ class Resources(Model):
 class ModelConfig(Model):
     """Architecture facts for a model outside the built-in catalog (from its HF config.json)."""
 
-    params_billions: float = Field(gt=0, description="Total parameters in billions")
+    # Bounded: an unbounded float (1e308, inf) overflowed the capacity arithmetic into a traceback.
+    params_billions: float = Field(gt=0, le=100_000, description="Total parameters in billions (at most 100000)")
     num_layers: int = Field(ge=1)
     """Transformer layers (num_hidden_layers)"""
     hidden_size: int = Field(ge=1)

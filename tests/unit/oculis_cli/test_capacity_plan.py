@@ -29,7 +29,7 @@ def test_json_plan_and_exit_codes() -> None:
 def test_bad_arguments_exit_2_naming_the_flag() -> None:
     for args, text in ((["--gpu", "V100"], "--gpu: unknown GPU product 'V100'"),
                        (["--gpu", "H100-80GB", "--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
-                       (["--gpu", "H100-80GB", "--tensor-parallel", "0"], "--tensor-parallel 0"),
+                       (["--gpu", "H100-80GB", "--tensor-parallel", "0"], "--tensor-parallel: spec.gpu.count"),
                        (["--gpu", "H100-80GB", "--max-num-seqs", "x"], "invalid int value")):
         proc = plan("--model", "meta-llama/Llama-3.1-8B-Instruct", *args)
         assert proc.returncode == 2 and text in proc.stderr and "Traceback" not in proc.stderr
