@@ -29,7 +29,8 @@ from oculis_router.metrics import Metrics
 from oculis_router.providers import refusal, relayed_headers
 from oculis_router.sse import StreamCollector
 from oculis_router.state import ConfigHolder, RouteRuntime, Runtime, describe
-from oculis_router.upstreams import Attempt, Caller, Stream, UpstreamFailed, UpstreamRejected
+from oculis_router.streamcheck import EventGate, MalformedStream
+from oculis_router.upstreams import Attempt, Caller, IdleTimeout, Stream, UpstreamFailed, UpstreamRejected
 from oculis_router.usage import Usage, cost_dollars
 
 # Proxies (nginx ingress, CDNs) buffer or cache responses unless told not to; a stream must flow.
@@ -80,6 +81,27 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
         metrics.escalations.labels(name, "low_confidence").inc()
     return Plan(rr, [rt.upstreams[t.upstream] for t in tiers], [t.name for t in tiers], c.complexity,
                 decision.escalated, [t.timeouts for t in tiers])
+
+
+def failure_kind(exc: UpstreamFailed) -> str:
+    """A short, bounded label for why a tier failed (`oculis_upstream_failures_total{kind}`)."""
+    v = exc.verdict
+    if v.credential:
+        return "credential"
+    if v.context_length:
+        return "context_length"
+    if v.status == 429:
+        return "rate_limited"
+    reason = v.reason
+    if reason.startswith("status ") and reason[7:10].isdigit():
+        return f"status_{reason[7:10]}"
+    if "Timeout" in reason or "timed out" in reason or "within" in reason or "stalled" in reason:
+        return "timeout"
+    if "JSON" in reason or "shape" in reason or "choices" in reason:
+        return "bad_answer"
+    if "not set in the router's environment" in reason:
+        return "missing_key"
+    return "connection"
 
 
 def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None) -> None:
@@ -175,12 +197,15 @@ class Router:
         """Count a tier that failed after its retries; return to try the next tier, or raise what the
         client gets (a 502, or a 429/503 with the provider's Retry-After)."""
         up = plan.tiers[i]
-        self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "upstream_failed").inc()
-        if not self._can_escalate(plan, i):
+        # A tier's failure is not the request's outcome (that is counted once, at the end: `ok` after
+        # a failover, `error_502` when no tier could answer), so it has its own metric.
+        self.metrics.upstream_failures.labels(up.name, failure_kind(exc)).inc()
+        last = not self._can_escalate(plan, i)
+        if not exc.verdict.credential:  # a refused credential is logged once per upstream, by the caller
+            log.warning("%s %s: %s", "no tier left after" if last else "escalating past", up.name, exc)
+        if last:
             raise exc.client_error(up.name) from None
         self.metrics.escalations.labels(route_label, "upstream_error").inc()
-        if not exc.verdict.credential:  # a refused credential is logged once per upstream, by the caller
-            log.warning("escalating past %s: %s", up.name, exc)
 
     async def _unless_client_leaves(self, request: Request, work: Coroutine[Any, Any, Response],
                                     route_label: str) -> Response:
@@ -260,6 +285,7 @@ class Router:
                      endpoint: str = "chat") -> AsyncIterator[bytes]:
         """Bytes go to the client as they arrive; a copy is parsed on the side for usage and the cache."""
         collector = StreamCollector(endpoint)
+        gate = EventGate(up.name)  # whole, well-formed events only, and a stream that ends with [DONE]
         first = True
         outcome = "ok"
         try:
@@ -267,14 +293,30 @@ class Router:
                 if first:
                     self.metrics.ttft.labels(up.name).observe(time.perf_counter() - t0)
                     first = False
-                chunks = translator.feed(raw) if translator else [raw]
-                for chunk in chunks:
+                chunk = gate.feed(b"".join(translator.feed(raw)) if translator else raw)
+                if chunk:
                     collector.feed(chunk)
                     yield chunk
-        except (TimeoutError, aiohttp.ClientError, RuntimeError) as exc:
+                if gate.failure:
+                    raise gate.failure
+            if chunk := gate.close():
+                collector.feed(chunk)
+                yield chunk
+            if gate.errored:  # the upstream's own error event reached the client: a failure all the same
+                outcome = "stream_broken"
+                log.warning("upstream %s sent an error event mid-stream", up.name)
+        except Exception as exc:
             # Bytes already reached the client: no retry is possible, so end the stream with an error event.
+            # Whatever broke it (the network, a timeout, a malformed or cut stream, a translation that
+            # failed on an odd event), the client is told and it is logged once.
+            # An AttributeError or TypeError here is the translator meeting an event of a shape it does
+            # not know: the upstream's data, so one line with the error, no traceback.
             outcome = "stream_broken"
-            err = {"error": {"message": f"upstream {up.name} failed mid-stream: {type(exc).__name__}",
+            ours = isinstance(exc, MalformedStream | IdleTimeout)  # our words; else the client gets only its type
+            why = str(exc) if ours else type(exc).__name__
+            log.warning("stream from upstream %s broken mid-way: %s", up.name,
+                        why if ours else f"{why}: {str(exc)[:200]}")
+            err = {"error": {"message": f"upstream {up.name} failed mid-stream: {why}",
                              "type": "upstream_error", "code": "stream_interrupted"}}
             yield b"data: " + json.dumps(err).encode() + b"\n\n"
         except (asyncio.CancelledError, GeneratorExit):
