@@ -5,7 +5,8 @@ built from Go modules by `e2e/build.sh`; kwok turns Node objects into fake GPU n
 through Stages, so the real scheduler and Deployment controller do real scheduling and rollouts.
 State (certs, etcd data, logs, pids, kubeconfig) lives in `e2e/.cluster/`, which git ignores.
 
-Used through the `e2e/cluster` shim: `up`, `down`, `status`, `env`.
+Used through the `e2e/cluster` shim: `up`, `down`, `status`, `bin-dir`, `serve-pods` (engine pods
+become simulator processes, scraped by a local Prometheus).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import ssl
@@ -36,6 +38,9 @@ from oculis import gpus  # noqa: E402  (source root added just above)
 STATE = Path(os.environ.get("OCULIS_E2E_STATE", HERE / ".cluster"))
 KUBECONFIG = STATE / "kubeconfig"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Started on demand by `serve-pods` (pods that serve: e2e/podstandin.py), stopped by `down` too.
+EXTRAS = ("podstandin", "prometheus")
+SIM = STATE / "sim"  # the stand-in's targets.json, endpoints.json and per-pod simulator logs
 
 
 class ClusterError(Exception):
@@ -181,7 +186,9 @@ def stray_pids() -> list[int]:
             continue
         with contextlib.suppress(OSError):
             cmd = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            if cmd and Path(cmd[0]).name in COMPONENTS and any(str(STATE) in part for part in cmd):
+            ours = Path(cmd[0]).name in (*COMPONENTS, "prometheus") or any(
+                part.endswith("podstandin.py") for part in cmd[1:2])
+            if cmd and ours and any(str(STATE) in part for part in cmd):
                 found.append(int(proc.name))
     return found
 
@@ -200,7 +207,8 @@ def start(name: str, argv: list[str]) -> None:
 
 
 def stop_all() -> int:
-    pids = {p for p in (running_pid(n) for n in COMPONENTS) if p} | set(stray_pids())
+    # The pod stand-in first in the list: it stops its simulators on SIGTERM (they also die with it).
+    pids = {p for p in (running_pid(n) for n in (*EXTRAS, *COMPONENTS)) if p} | set(stray_pids())
     pids |= {proc.pid for proc in STARTED.values() if proc.poll() is None}
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -458,10 +466,89 @@ def status() -> int:
                            if ln.startswith("VmRSS:"))
                 rss = f"{int(rss) / 1024:.0f} MiB"
         print(f"{name:24} {'running pid ' + str(pid) if pid else 'stopped':20} {rss}")
+    for name in EXTRAS:
+        if pid := running_pid(name):
+            print(f"{name:24} {'running pid ' + str(pid):20}")
     healthy = is_up(ports)
     print(f"{'api':24} {'ready' if healthy else 'not ready':20} total RSS {rss_mib():.0f} MiB")
     print(f"kubeconfig: {KUBECONFIG}")
     return 0 if healthy else 1
+
+
+def prometheus_port() -> int:
+    raw = os.environ.get("OCULIS_E2E_PROMETHEUS_PORT", "29090")
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ClusterError(f"OCULIS_E2E_PROMETHEUS_PORT={raw!r} is not a port; set it to 1-65535")
+    return int(raw)
+
+
+def start_prometheus() -> str | None:
+    """A real Prometheus on 127.0.0.1 scraping the stand-in's file_sd targets every second; its URL,
+    or None (said once) where the `prometheus` binary is not installed."""
+    port = prometheus_port()
+    url = f"http://127.0.0.1:{port}"
+    if running_pid("prometheus"):
+        return url
+    binary = shutil.which("prometheus")
+    if binary is None:
+        log("prometheus not found: pods serve, but nothing scrapes them (apt-get install -y prometheus)")
+        return None
+    if not port_free(port):
+        raise ClusterError(f"port 127.0.0.1:{port} (prometheus) is already in use; stop whatever holds it "
+                           f"(`ss -ltnp 'sport = :{port}'`) or set OCULIS_E2E_PROMETHEUS_PORT to a free port")
+    prom = STATE / "prometheus"
+    prom.mkdir(parents=True, exist_ok=True)
+    (prom / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "vllm", "file_sd_configs": [
+            {"files": [str(SIM / "targets.json")], "refresh_interval": "1s"}]}],
+    }))
+    start("prometheus", [binary, f"--config.file={prom / 'prometheus.yml'}", f"--storage.tsdb.path={prom / 'tsdb'}",
+                         f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1d",
+                         "--log.level=warn"])
+    wait_for("prometheus", lambda: urllib.request.urlopen(f"{url}/-/ready", timeout=2).status == 200, 30,
+             "prometheus")
+    return url
+
+
+def stop_extras() -> int:
+    pids = [p for p in (running_pid(n) for n in EXTRAS) if p]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20  # the stand-in gives its simulators 10 s to finish streams
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and not _zombie(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def serve_pods(namespaces: list[str], stop: bool) -> dict[str, Any]:
+    """(Re)start the pod stand-in over `namespaces` (all when empty) and Prometheus; or stop both."""
+    if stop:
+        n = stop_extras()
+        log(f"serve-pods stopped ({n} processes)")
+        return {}
+    ports = Ports.from_env()
+    if not is_up(ports):
+        raise ClusterError("the control plane is not running; start it with `e2e/cluster up`")
+    if pid := running_pid("podstandin"):  # one stand-in at a time: it owns targets.json and endpoints.json
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and not _zombie(pid):
+            time.sleep(0.1)
+    SIM.mkdir(parents=True, exist_ok=True)
+    start("podstandin", [sys.executable, str(HERE / "podstandin.py"), f"--kubeconfig={KUBECONFIG}",
+                         f"--state={SIM}", *(f"--namespace={ns}" for ns in namespaces)])
+    wait_for("pod stand-in", lambda: (SIM / "endpoints.json").exists(), 30, "podstandin")
+    url = start_prometheus()
+    out = {"targets": str(SIM / "targets.json"), "endpoints": str(SIM / "endpoints.json"), "prometheus": url,
+           "logs": str(SIM / "logs")}
+    log(f"engine pods in {', '.join(namespaces) or 'all namespaces'} serve as simulators; endpoint map "
+        f"{out['endpoints']}; Prometheus {url or '(not installed)'}")
+    return out
 
 
 def down() -> None:
@@ -478,6 +565,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop every process and remove the state (safe after a crash)")
     sub.add_parser("status", help="show processes, memory and API health")
     sub.add_parser("bin-dir", help="print the directory holding kubectl, helm and the rest")
+    p_sp = sub.add_parser("serve-pods", help="engine pods become `oculis sim serve` processes on 127.0.0.1 "
+                          "(e2e/podstandin.py), scraped by a local Prometheus; prints their files as JSON")
+    p_sp.add_argument("--namespace", action="append", default=[], help="only pods of these namespaces (repeatable)")
+    p_sp.add_argument("--stop", action="store_true", help="stop the stand-in (and its simulators) and Prometheus")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "up":
@@ -488,6 +579,10 @@ def main(argv: list[str] | None = None) -> int:
             return status()
         elif args.cmd == "bin-dir":
             print(build_binaries())
+        elif args.cmd == "serve-pods":
+            out = serve_pods(args.namespace, args.stop)
+            if out:
+                print(json.dumps(out))
     except ClusterError as exc:
         print(f"e2e/cluster: error: {exc}", file=sys.stderr)
         return 1

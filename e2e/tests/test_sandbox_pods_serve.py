@@ -1,0 +1,155 @@
+"""Sandbox pods that serve: a GPUUpstream's pods become `oculis sim serve` processes (e2e/podstandin.py)
+answering through a local `oculis serve --endpoints`, scraped by a real Prometheus; an engine change
+rolls them and what Prometheus scrapes follows; the processes go away with their pods.
+
+Only 127.0.0.1 is dialled: the router's config names the in-cluster Service host, the endpoint map
+sends that host to the simulators' loopback ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2e_support import CLUSTER, eventually
+from kubernetes import client
+from operator_fixture import free_port
+from test_gpuupstream import World, upstream
+from test_inferenceroute import route
+
+pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+G, V = "oculis.dev", "v1alpha1"
+
+
+@pytest.fixture
+def world(api: client.ApiClient, namespace: str, operator: Any) -> World:
+    return World(api, namespace)
+
+
+@pytest.fixture
+def served(world: World) -> Iterator[dict[str, Any]]:
+    proc = subprocess.run([str(CLUSTER), "serve-pods", f"--namespace={world.ns}"], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    files: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert files["prometheus"], "prometheus did not start"
+    yield files
+    subprocess.run([str(CLUSTER), "serve-pods", "--stop"], capture_output=True, check=False)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def promql(url: str, query: str) -> list[dict[str, Any]]:
+    body = httpx.get(f"{url}/api/v1/query", params={"query": query}, timeout=5).json()
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+def test_engine_pods_serve_simulated_tokens_and_a_rollout_changes_what_prometheus_scrapes(
+        world: World, served: dict[str, Any], tmp_path: Path) -> None:
+    ns, prom, endpoints = world.ns, served["prometheus"], Path(served["endpoints"])
+    host = f"llm-vllm.{ns}.svc"
+    world.create(upstream("llm", replicas=1, engine={"maxModelLen": 8192, "maxNumSeqs": 32,
+                                                     "maxNumBatchedTokens": 4096, "gpuMemoryUtilization": 0.9}))
+    world.custom.create_namespaced_custom_object(G, V, ns, "inferenceroutes", route("chat", [
+        {"name": "only", "match": {}, "upstream": "llm"}]))
+    eventually(lambda: world.ready("llm"), what="upstream Ready")
+
+    def serving() -> list[dict[str, Any]]:
+        entry = json.loads(endpoints.read_text()).get(host, {})
+        listed: list[Any] = world.pods("llm")
+        pods = {p.metadata.name for p in listed if p.status.phase == "Running" and not p.metadata.deletion_timestamp}
+        ours: list[dict[str, Any]] = entry.get("pods", [])
+        return ours if ours and {p["pod"] for p in ours} == pods else []
+
+    first = eventually(serving, what="the pod's simulator in the endpoint map")
+    assert len(first) == 1 and entry_ports(endpoints, host) == [first[0]["port"]]
+
+    # The router the operator configured (ConfigMap), run locally: its base_url is the Service host.
+    def rendered() -> str:
+        text = (world.core.read_namespaced_config_map("oculis-router-config", ns).data or {})["oculis-config.yaml"]
+        return text if host in text else ""
+
+    text = eventually(rendered, what="the route's router config names the Service host")
+    (tmp_path / "oculis-config.yaml").write_text(text)
+    port = free_port()
+    log = open(tmp_path / "router.log", "wb")  # noqa: SIM115 (the child owns it)
+    router = subprocess.Popen([str(Path(sys.executable).with_name("oculis")), "serve", "--config",
+                               str(tmp_path / "oculis-config.yaml"), "--endpoints", str(endpoints), "--port",
+                               str(port), "--metrics-port", "0", "--log-level", "warning"],
+                              stdout=log, stderr=log, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        eventually(lambda: httpx.get(f"{url}/readyz").status_code == 200, what="router ready")
+
+        def ask() -> dict[str, Any]:
+            r = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+                "model": "chat", "max_tokens": 12, "messages": [{"role": "user", "content": "hello there"}]})
+            assert r.status_code == 200, r.text
+            out: dict[str, Any] = r.json()
+            return out
+
+        answer = ask()
+        words = answer["choices"][0]["message"]["content"].split()
+        assert answer["system_fingerprint"] == "oculis-simulator"  # simulated, and says so
+        assert len(words) == answer["usage"]["completion_tokens"] > 0
+
+        pod1 = first[0]["pod"]
+        sel = f'namespace="{ns}",pod="{pod1}",upstream="llm"'
+        eventually(lambda: promql(prom, f"vllm:generation_tokens_total{{{sel}}} >= "
+                                        f"{answer['usage']['completion_tokens']}"),
+                   what="Prometheus scrapes the pod's generated tokens")
+        old_cfg = eventually(lambda: promql(prom, f"vllm:cache_config_info{{{sel}}}"), what="pod 1 config")
+        assert old_cfg[0]["metric"]["gpu_memory_utilization"] == "0.9"
+
+        # An engine change rolls the Deployment: a new pod, a new simulator with the new setting.
+        world.patch("llm", {"engine": {"gpuMemoryUtilization": 0.8}})
+        second = eventually(lambda: (s := serving()) and s[0]["pod"] != pod1 and s, timeout=120,
+                            what="the new pod's simulator replaces the old one in the endpoint map")
+        pod2 = second[0]["pod"]
+        eventually(lambda: not alive(first[0]["pid"]), what="the old pod's simulator stopped")
+        sel2 = f'namespace="{ns}",pod="{pod2}",upstream="llm"'
+        new_cfg = eventually(lambda: promql(prom, f"vllm:cache_config_info{{{sel2}}}"), what="pod 2 config")
+        assert new_cfg[0]["metric"]["gpu_memory_utilization"] == "0.8"
+        assert int(new_cfg[0]["metric"]["num_gpu_blocks"]) < int(old_cfg[0]["metric"]["num_gpu_blocks"])
+
+        def targets() -> set[str]:
+            active = httpx.get(f"{prom}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+            return {t["labels"]["pod"] for t in active if t["labels"].get("namespace") == ns}
+
+        eventually(lambda: targets() == {pod2}, what="Prometheus scrapes only the new pod")
+        again = ask()  # the router follows the map to the new pod
+        eventually(lambda: promql(prom, f"vllm:generation_tokens_total{{{sel2}}} >= "
+                                        f"{again['usage']['completion_tokens']}"),
+                   what="the new pod's tokens scraped")
+
+        # The processes go away with their pods.
+        world.custom.delete_namespaced_custom_object(G, V, ns, "gpuupstreams", "llm")
+        eventually(lambda: not alive(second[0]["pid"]), timeout=120, what="the simulator stopped with its pod")
+        eventually(lambda: entry_ports(endpoints, host) == [], what="no port left in the endpoint map")
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+            "model": "chat", "messages": [{"role": "user", "content": "anyone?"}]})
+        assert r.status_code in (502, 503), r.text  # refused here, never sent to DNS or a pod IP
+    finally:
+        os.killpg(router.pid, signal.SIGTERM)
+        router.wait(30)
+        log.close()
+
+
+def entry_ports(endpoints: Path, host: str) -> list[int]:
+    ports: list[int] = json.loads(endpoints.read_text()).get(host, {}).get("ports", [])
+    return ports
+
