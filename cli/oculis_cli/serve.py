@@ -28,9 +28,6 @@ def register(sub: Any) -> None:
     p.add_argument("--endpoints", type=Path, metavar="FILE",
                    help="endpoint map {HOST: {ports: [...]}} (re-read on change): dial those base_url hosts at "
                    "127.0.0.1 ports, e.g. the sandbox cluster's simulated pods (e2e/cluster serve-pods)")
-    p.add_argument("--endpoints", type=Path, metavar="FILE",
-                   help="endpoint map {HOST: {ports: [...]}} (re-read on change): dial those base_url hosts at "
-                   "127.0.0.1 ports, e.g. the sandbox cluster's simulated pods (e2e/cluster serve-pods)")
     p.add_argument("--shutdown-grace", type=finite_float, default=120, metavar="SECONDS",
                    help="after SIGTERM, how long in-flight requests and streams may take to finish (default 120)")
     p.set_defaults(run=run)
@@ -43,14 +40,6 @@ def run(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"oculis serve: {exc}", file=sys.stderr)
         return 2
-    if args.endpoints is not None:
-        from oculis_router.endpoints import EndpointsError, load_endpoints
-
-        try:
-            load_endpoints(args.endpoints)
-        except EndpointsError as exc:
-            print(f"oculis serve: {exc}", file=sys.stderr)
-            return 2
     if args.endpoints is not None:
         from oculis_router.endpoints import EndpointsError, load_endpoints
 
