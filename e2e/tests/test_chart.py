@@ -36,7 +36,8 @@ def test_chart_lints_and_installs(bin_dir: Path, kubeconfig: Path, api: client.A
         assert pod.security_context.run_as_non_root is True
         assert pod.containers[0].security_context.read_only_root_filesystem is True
         op = pod.containers[0]  # kopf's liveness endpoint is probed; metrics are served and annotated
-        assert op.args == ["--liveness=http://0.0.0.0:8080/healthz"] and op.liveness_probe.http_get.port == "health"
+        assert op.args == ["--liveness=http://0.0.0.0:8080/healthz", "--all-namespaces"]
+        assert op.liveness_probe.http_get.port == "health" and dep.spec.strategy.type == "Recreate"
         assert {e.name: e.value for e in op.env}["OCULIS_METRICS_PORT"] == "9091"
         assert dep.spec.template.metadata.annotations["prometheus.io/port"] == "9091"
         router = client.AppsV1Api(api).read_namespaced_deployment(f"{release}-router", namespace).spec.template.spec
@@ -47,7 +48,7 @@ def test_chart_lints_and_installs(bin_dir: Path, kubeconfig: Path, api: client.A
         assert router.termination_grace_period_seconds == 135
         assert router.containers[0].lifecycle.pre_stop.sleep.seconds == 5
         assert router.containers[0].args[-3:] == ["--wait-for-config", "--shutdown-grace", "120"]
-        role = client.RbacAuthorizationV1Api(api).read_cluster_role(f"{release}-operator")
+        role = client.RbacAuthorizationV1Api(api).read_cluster_role(f"{namespace}:{release}-operator")
         secrets = [r for r in role.rules if "secrets" in r.resources]
         assert [r.verbs for r in secrets] == [["get"]]  # never list or watch Secrets
         # `helm upgrade` with a new value rolls the router's pod template (a rolling restart).
@@ -58,3 +59,54 @@ def test_chart_lints_and_installs(bin_dir: Path, kubeconfig: Path, api: client.A
         assert router.metadata.generation == 2 and router.spec.template.spec.termination_grace_period_seconds == 75
     finally:
         helm(bin_dir, kubeconfig, "uninstall", release, "-n", namespace)
+
+
+def test_a_second_release_in_another_namespace_installs_and_a_second_operator_is_refused(
+        bin_dir: Path, kubeconfig: Path, api: client.ApiClient, namespace: str) -> None:
+    """Cluster-scoped names carry the namespace, so one release name installs in two namespaces; two
+    operators over the same namespace (kopf runs standalone, no leader election) are refused."""
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    other = f"{namespace}-b"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=other)))
+    release = "oculis"  # the same release name in both namespaces
+    installed: list[str] = []
+    try:
+        first = helm(bin_dir, kubeconfig, "install", release, str(CHART), "-n", namespace,
+                     "--set", f"operator.watchNamespaces={{{namespace}}}")
+        assert first.returncode == 0, first.stderr
+        installed.append(namespace)
+        # An operator over all namespaces would also watch the first one: refused, saying why and what to do.
+        clash = helm(bin_dir, kubeconfig, "install", release, str(CHART), "-n", other)
+        assert clash.returncode != 0
+        assert (f"the operator of release {release} in namespace {namespace} already watches {namespace}"
+                in clash.stderr), clash.stderr
+        assert "operator.enabled=false" in clash.stderr and "leader election" in clash.stderr
+        # Its own namespace only: no overlap, and no name clash with the first release's ClusterRole.
+        second = helm(bin_dir, kubeconfig, "install", release, str(CHART), "-n", other,
+                      "--set", f"operator.watchNamespaces={{{other}}}")
+        assert second.returncode == 0, second.stderr
+        installed.append(other)
+        for ns in (namespace, other):
+            role = rbac.read_cluster_role(f"{ns}:{release}-operator")
+            assert role.metadata.annotations["oculis.dev/watch-namespaces"] == ns
+            binding = rbac.read_cluster_role_binding(f"{ns}:{release}-operator")
+            assert binding.subjects[0].namespace == ns
+            args = client.AppsV1Api(api).read_namespaced_deployment(f"{release}-operator", ns).spec.template.spec
+            assert args.containers[0].args[1:] == [f"--namespace={ns}"]
+        # A router-only release (operator.enabled=false) next to them installs no operator at all.
+        helm(bin_dir, kubeconfig, "uninstall", release, "-n", other)
+        installed.remove(other)
+        router_only = helm(bin_dir, kubeconfig, "install", release, str(CHART), "-n", other,
+                           "--set", "operator.enabled=false")
+        assert router_only.returncode == 0, router_only.stderr
+        installed.append(other)
+        names = {d.metadata.name for d in client.AppsV1Api(api).list_namespaced_deployment(other).items}
+        assert names == {f"{release}-router"}
+        # Upgrading the first release does not refuse itself.
+        up = helm(bin_dir, kubeconfig, "upgrade", release, str(CHART), "-n", namespace,
+                  "--set", f"operator.watchNamespaces={{{namespace}}}")
+        assert up.returncode == 0, up.stderr
+    finally:
+        for ns in installed:
+            helm(bin_dir, kubeconfig, "uninstall", release, "-n", ns)
+        core.delete_namespace(other)

@@ -1,0 +1,102 @@
+"""The chart's values.schema.json refuses, at `helm lint/template/install`, values that would render a
+workload the API server or the container refuses later; cluster-scoped names carry the namespace.
+
+Needs only the helm binary (`e2e/cluster bin-dir`), not a running cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e_support import CLUSTER
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "oculis"
+
+
+@pytest.fixture(scope="module")
+def helm_bin() -> Path:
+    out = subprocess.run([str(CLUSTER), "bin-dir"], capture_output=True, text=True, check=True).stdout
+    return Path(out.strip().splitlines()[-1]) / "helm"
+
+
+def helm(helm_bin: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/oculis-helm/cache", "HELM_CONFIG_HOME": "/tmp/oculis-helm/config",
+           "HELM_DATA_HOME": "/tmp/oculis-helm/data"}
+    return subprocess.run([str(helm_bin), *args], capture_output=True, text=True, env=env, check=False, timeout=60)
+
+
+def rendered(helm_bin: Path, *sets: str, namespace: str = "oculis-system") -> list[dict]:  # type: ignore[type-arg]
+    args = [a for s in sets for a in ("--set", s)]
+    out = helm(helm_bin, "template", "oculis", str(CHART), "-n", namespace, *args)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_chart_lints_strict(helm_bin: Path) -> None:
+    out = helm(helm_bin, "lint", "--strict", str(CHART))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("router.shutdownGraceSeconds=abc", "/router/shutdownGraceSeconds': got string, want integer"),
+    ("router.shutdownGraceSeconds=-30", "/router/shutdownGraceSeconds': minimum: got -30, want 0"),
+    ("router.secretEnv[0].env=OCULIS_KEY,router.secretEnv[0].secret=openai",
+     "/router/secretEnv/0': missing property 'key'"),
+    ("router.secretEnv[0].env=OCULIS_KEY,router.secretEnv[0].secret=openai,router.secretEnv[0].key=",
+     "/router/secretEnv/0/key'"),
+    ("router.secretEnv[0].env=not-a-var,router.secretEnv[0].secret=openai,router.secretEnv[0].key=k",
+     "/router/secretEnv/0/env'"),
+    ("operator.metricsPort=8080", "/operator/metricsPort'"),  # kopf's liveness port in the same container
+    ("operator.webhook.port=8080", "/operator/webhook/port'"),
+    ("operator.metricsPort=70000", "/operator/metricsPort'"),
+    ("operator.replicas=3", "/operator/replicas': maximum: got 3, want 1"),  # kopf standalone: no leader election
+    ("operator.watchNamespaces={Not_A_Namespace}", "/operator/watchNamespaces/0'"),
+    ("router.replicas=-1", "/router/replicas'"),
+    ("router.image.pullPolicy=Sometimes", "/router/image/pullPolicy'"),
+    ("rotuer.replicas=2", "additional properties 'rotuer' not allowed"),  # a misspelt top-level key
+    ("operator.replica=2", "additional properties 'replica' not allowed"),
+    ("operator.webhook.enabled=true,operator.webhook.port=9091",
+     "operator.webhook.port 9091 is also operator.metricsPort"),
+])
+def test_wrong_values_are_refused_naming_the_field(helm_bin: Path, value: str, says: str) -> None:
+    out = helm(helm_bin, "template", "r", str(CHART), "--set", value)
+    assert out.returncode != 0 and says in out.stderr, out.stderr
+
+
+def test_a_values_file_with_a_fractional_grace_is_refused(helm_bin: Path, tmp_path: Path) -> None:
+    values = tmp_path / "v.yaml"
+    values.write_text("router:\n  shutdownGraceSeconds: 1.5\n")  # the pod's grace period is whole seconds
+    out = helm(helm_bin, "template", "r", str(CHART), "-f", str(values))
+    assert out.returncode != 0 and "/router/shutdownGraceSeconds'" in out.stderr
+
+
+def test_cluster_scoped_names_carry_the_release_namespace(helm_bin: Path) -> None:
+    docs = {ns: rendered(helm_bin, namespace=ns) for ns in ("team-a", "team-b")}
+    for ns, objs in docs.items():
+        cluster_scoped = [d for d in objs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+        assert {d["metadata"]["name"] for d in cluster_scoped} == {f"{ns}:oculis-operator"}
+        binding = next(d for d in cluster_scoped if d["kind"] == "ClusterRoleBinding")
+        assert binding["roleRef"]["name"] == f"{ns}:oculis-operator"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "oculis-operator", "namespace": ns}]
+
+
+def test_the_operator_watches_what_the_values_say_and_runs_alone(helm_bin: Path) -> None:
+    def operator(*sets: str) -> dict:  # type: ignore[type-arg]
+        return next(d for d in rendered(helm_bin, *sets) if d["kind"] == "Deployment"
+                    and d["metadata"]["name"] == "oculis-operator")
+
+    default = operator()
+    container = default["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["kopf", "run", "--standalone", "-m", "oculis_operator.handlers"]
+    assert container["args"] == ["--liveness=http://0.0.0.0:8080/healthz", "--all-namespaces"]
+    assert default["spec"]["replicas"] == 1 and default["spec"]["strategy"] == {"type": "Recreate"}
+    some = operator("operator.watchNamespaces={demo,prod}")["spec"]["template"]["spec"]["containers"][0]
+    assert some["args"][1:] == ["--namespace=demo", "--namespace=prod"]
+    role = next(d for d in rendered(helm_bin, "operator.watchNamespaces={demo,prod}") if d["kind"] == "ClusterRole")
+    assert role["metadata"]["annotations"]["oculis.dev/watch-namespaces"] == "demo,prod"
+    router_only = rendered(helm_bin, "operator.enabled=false")
+    assert {d["kind"] for d in router_only} == {"Deployment", "Service"}
+    assert all("operator" not in d["metadata"]["name"] for d in router_only)
