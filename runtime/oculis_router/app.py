@@ -347,9 +347,7 @@ async def _iter(chunks: list[bytes]) -> AsyncIterator[bytes]:
 
 def build_app(config_path: Path | None = None, config: RouterConfig | None = None, metrics: Metrics | None = None,
               reload_interval: float = 1.0, max_retries: int = 2, backoff: float = 0.05,
-              wait_for_config: bool = False, client_keys_env: str | None = None,
-              endpoints: Path | None = None) -> Starlette:
-    """`endpoints`: an endpoint map (oculis_router.endpoints) that sends base_url hosts to loopback ports."""
+              wait_for_config: bool = False, client_keys_env: str | None = None) -> Starlette:
     metrics = metrics or Metrics()
     holder = ConfigHolder(config_path, metrics, config, wait_for_file=wait_for_config)
     # The caller needs the event loop: the lifespan sets it.
@@ -394,13 +392,7 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if endpoints is None:
-            connector = aiohttp.TCPConnector(limit=2000, limit_per_host=1000, keepalive_timeout=60)
-        else:  # no DNS cache: each new connection asks the map, which follows pods as they come and go
-            from oculis_router.endpoints import EndpointResolver
-
-            connector = aiohttp.TCPConnector(limit=2000, limit_per_host=1000, keepalive_timeout=60,
-                                             resolver=EndpointResolver(endpoints), use_dns_cache=False)
+        connector = aiohttp.TCPConnector(limit=2000, limit_per_host=1000, keepalive_timeout=60)
         http = aiohttp.ClientSession(connector=connector, trust_env=False)
         router.caller = Caller(http, max_retries=max_retries, backoff=backoff)
         watcher = asyncio.create_task(holder.watch(reload_interval)) if config_path else None
