@@ -1,0 +1,97 @@
+"""The sandbox's pod stand-in (e2e/podstandin.py): a Running engine pod gets a process started with
+the pod's own args on a loopback port, listed in the Prometheus targets and the endpoint map only once
+it answers /health, and stopped (and unlisted first) when the pod goes or stops Running."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[3]
+spec = importlib.util.spec_from_file_location("podstandin", ROOT / "e2e" / "podstandin.py")
+assert spec and spec.loader
+ps = importlib.util.module_from_spec(spec)
+sys.modules["podstandin"] = ps
+spec.loader.exec_module(ps)
+
+ARGS = ["meta-llama/Llama-3.1-8B-Instruct", "--host=0.0.0.0", "--port=8000", "--served-model-name", "llm",
+        "meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs=32"]
+
+# Stands in for `oculis`: records its argv, then serves /health on the last --port it was given.
+FAKE_OCULIS = f"""#!{sys.executable}
+import http.server, json, sys
+argv = sys.argv[1:]
+port = int(argv[len(argv) - 1 - argv[::-1].index("--port") + 1])
+open(sys.argv[0] + f".{{port}}.argv", "w").write(json.dumps(argv))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def pod(name: str, phase: str = "Running", deleting: bool = False, upstream: str = "llm") -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": "demo", "name": name, "uid": f"uid-{name}",
+                            "labels": {"oculis.dev/upstream": upstream, "app.kubernetes.io/name": "vllm"}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {"nodeName": "h100-pool-0", "containers": [{"name": "vllm", "args": ARGS}]},
+            "status": {"phase": phase}}
+
+
+def view(obj: dict[str, Any]) -> Any:
+    v = ps.pod_view(obj)
+    assert v is not None
+    return v
+
+
+def test_pods_map_to_processes_by_phase_and_deletion() -> None:
+    running, pending, deleting = view(pod("a")), view(pod("b", "Pending")), view(pod("c", deleting=True))
+    assert ps.pod_view({"metadata": {"name": "x", "labels": {}}, "spec": {"containers": [{}]}}) is None
+    assert running.service_host == "llm-vllm.demo.svc"  # the base_url host the operator renders
+    start, stop = ps.plan([running, pending, deleting], ["demo/c/uid-c", "demo/gone/uid-gone"])
+    assert [p.name for p in start] == ["a"] and stop == ["demo/c/uid-c", "demo/gone/uid-gone"]
+    argv = ps.sim_argv("oculis", running, 41000, "NVIDIA-H100-80GB-HBM3")
+    assert argv[:3] == ["oculis", "sim", "serve"] and argv[3:3 + len(ARGS)] == ARGS  # the pod's own args
+    assert argv[3 + len(ARGS):] == ["--host", "127.0.0.1", "--port", "41000", "--gpu", "NVIDIA-H100-80GB-HBM3"]
+
+
+def test_stand_in_serves_running_pods_and_stops_them_with_the_pod(tmp_path: Path) -> None:
+    oculis = tmp_path / "oculis"
+    oculis.write_text(FAKE_OCULIS)
+    oculis.chmod(0o755)
+    s = ps.StandIn(tmp_path / "sim", str(oculis), gpu_of=lambda node: "NVIDIA-H100-80GB-HBM3")
+    targets, endpoints = tmp_path / "sim" / "targets.json", tmp_path / "sim" / "endpoints.json"
+    assert json.loads(targets.read_text()) == [] and json.loads(endpoints.read_text()) == {}
+    try:
+        s.update("ADDED", view(pod("a", "Pending")))
+        assert not s.procs  # nothing runs before the pod does
+        s.update("MODIFIED", view(pod("a")))
+        proc = s.procs["demo/a/uid-a"]
+
+        def listed() -> list[Any]:
+            s.reconcile()
+            out: list[Any] = json.loads(targets.read_text())
+            return out
+
+        deadline = time.monotonic() + 20
+        while not listed() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert listed() == [{"targets": [f"127.0.0.1:{proc.port}"],
+                             "labels": {"namespace": "demo", "pod": "a", "upstream": "llm"}}]
+        assert json.loads(endpoints.read_text())["llm-vllm.demo.svc"]["ports"] == [proc.port]
+        argv = json.loads(Path(f"{oculis}.{proc.port}.argv").read_text())
+        assert argv[-2:] == ["--gpu", "NVIDIA-H100-80GB-HBM3"] and "--port=8000" in argv
+
+        s.update("MODIFIED", view(pod("a", deleting=True)))  # termination starts: unlisted, then SIGTERM
+        assert not s.procs and json.loads(targets.read_text()) == []
+        assert json.loads(endpoints.read_text())["llm-vllm.demo.svc"]["ports"] == []  # known, none serving
+        assert proc.popen.wait(10) is not None
+    finally:
+        s.shutdown()
