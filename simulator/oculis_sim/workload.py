@@ -5,7 +5,8 @@ YAML or JSON:
     output_tokens: {mean: 256, stdev: 100, min: 1, max: 1024}    # normal (default), lognormal,
                                              # uniform (min..max) or exponential, clipped to min..max
     shared_prefix_tokens: 0                  # a prefix common to every request (prefix caching)
-    stages: [{rate: 10, seconds: 3600}]      # Poisson arrivals per stage; {rate: inf, requests: N} sends N at once
+    stages: [{rate: 10, seconds: 3600}]      # Poisson arrivals per stage; {rate: 10, requests: N}: exactly N;
+                                             # {rate: inf, requests: N} sends N at once
     burstiness: 1.0                          # gamma shape of the gaps, as vLLM's benchmark (1 = Poisson)
     max_concurrency: 64                      # optional: at most this many in flight (vLLM bench's flag)
     seed: 0
@@ -91,8 +92,17 @@ def _arrivals(stages: Any, burstiness: float, rng: np.random.Generator) -> np.nd
             out.append(np.full(count, start))
             start += _number(f"stages[{i}].seconds", st.get("seconds", 0), 0)
             continue
-        seconds = _number(f"stages[{i}].seconds", st.get("seconds"), 0)
         rate = _number(f"stages[{i}].rate", rate_v, 0)
+        count = st.get("requests")
+        if count is not None:  # exactly N arrivals at this rate (vLLM bench's --num-prompts with --request-rate)
+            if not isinstance(count, int) or count < 1 or rate <= 0:
+                raise WorkloadError(f"stages[{i}]: `requests` must be a positive integer with a rate > 0")
+            times = np.cumsum(rng.gamma(burstiness, 1.0 / (rate * burstiness), count))
+            times -= times[0]  # the first request goes at the stage's start, as vLLM's benchmark sends it
+            out.append(start + times)
+            start += max(float(times[-1]), _number(f"stages[{i}].seconds", st.get("seconds", 0), 0))
+            continue
+        seconds = _number(f"stages[{i}].seconds", st.get("seconds"), 0)
         if rate > 0 and seconds > 0:
             expected = rate * seconds
             times = np.empty(0)

@@ -143,3 +143,46 @@ def test_acceptance_per_position_gives_the_published_tokens_per_step() -> None:
     per_pos = [sum(1 for a in got if a > i) for i in range(k)]
     assert per_pos == sorted(per_pos, reverse=True)
     assert AcceptanceSampler(0.0, 1).draw([3, 3]) == [0, 0] and AcceptanceSampler(1.0, 1).draw([3, 2]) == [3, 2]
+
+
+def test_workload_stages_give_exact_counts_and_reproducible_arrivals() -> None:
+    from oculis_sim import workload
+
+    spec = {"prompt_tokens": {"mean": 100, "stdev": 30, "min": 1, "max": 200}, "output_tokens": 10,
+            "stages": [{"rate": 5, "requests": 40}, {"rate": "inf", "requests": 7}], "seed": 4}
+    a, b = workload.parse(spec), workload.parse(spec)
+    assert len(a) == 47 and (a.arrivals == b.arrivals).all() and (a.prompt_tokens == b.prompt_tokens).all()
+    assert a.arrivals[0] == 0 and (a.arrivals[40:] == a.arrivals[39]).all()  # the burst follows the stage
+    assert a.prompt_tokens.min() >= 1 and a.prompt_tokens.max() <= 200
+    c = workload.parse({**spec, "shared_prefix_tokens": 64})
+    assert (c.prompt_tokens == a.prompt_tokens + 64).all()
+
+
+def test_block_accounting_stays_exact_under_preemption_pressure_and_every_request_finishes() -> None:
+    import random
+
+    rnd = random.Random(5)
+    s = Scheduler(40, 12, 96, max_model_len=400, num_speculative_tokens=2)
+    shared = tuple(("p", i) for i in range(3))
+    reqs = [Request(i, rnd.randint(1, 120), rnd.randint(1, 60), hashes=shared if i % 2 else ())
+            for i in range(60)]
+    pending = list(reqs)
+    steps = 0
+    while pending or s.has_work():
+        for _ in range(rnd.randint(0, 2)):
+            if pending:
+                s.add(pending.pop(0))
+        if not s.has_work():
+            continue
+        plan = s.schedule()
+        s.update(plan, {r.rid: rnd.randint(0, r.spec_scheduled) for r, _ in plan.scheduled})
+        pool = s.pool
+        held = [*s.running, *s.waiting]
+        assert pool.private == sum(r.blocks for r in held)
+        for h, n in pool.refs.items():
+            assert n == sum(r.shared.count(h) for r in held)
+            assert (n == 0) == (h in pool.evictable)
+        assert 0 <= pool.used <= pool.total
+        steps += 1
+        assert steps < 10000, "livelock"
+    assert all(r.finished for r in reqs) and s.preemptions > 0
