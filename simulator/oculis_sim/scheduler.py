@@ -142,7 +142,9 @@ class Scheduler:
         self.waiting.append(req)
 
     def abort(self, req: Request) -> None:
-        """A client went away: drop the request wherever it is and free its blocks."""
+        """A client went away: drop the request wherever it is and free its blocks (one not yet added is
+        marked finished, so the driver skips it)."""
+        req.max_output = req.num_output
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
@@ -150,7 +152,6 @@ class Scheduler:
         else:
             return
         self._free(req, preempted=False)
-        req.max_output = req.num_output
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)

@@ -18,6 +18,7 @@ import json
 import re
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -205,9 +206,24 @@ class SimServer:
         self.rng = np.random.default_rng(settings.seed)
         self.task: asyncio.Task[None] | None = None
         self.deliver_s = 0.0  # recent time one step's deliveries take (moving average)
+        self.dead = False
 
     # ---- engine loop -------------------------------------------------------------------------------
     async def run(self) -> None:
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug in the engine: say so and answer /health 503, as a dead vLLM engine does
+            self.dead = True
+            traceback.print_exc()
+            sched = self.core.scheduler
+            for req in [*(r for _, _, r in self.pending), *sched.running, *sched.waiting]:
+                if isinstance(req.sink, Stream) and not req.sink.done.done():
+                    req.sink.done.set_result(None)
+            raise
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         clock = loop.time
         core = self.core
@@ -215,7 +231,9 @@ class SimServer:
         while True:
             now = clock()
             while self.pending and self.pending[0][0] <= now:
-                core.add(heapq.heappop(self.pending)[2])
+                req = heapq.heappop(self.pending)[2]
+                if not req.finished:  # its client left while it waited for the API-server delay
+                    core.add(req)
             if not core.has_work():
                 self.metrics.sync(core)
                 timeout = self.pending[0][0] - now if self.pending else None
@@ -412,7 +430,7 @@ class SimServer:
              "parent": None, "max_model_len": self.settings.max_model_len} for name in self.settings.served_names]})
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return web.Response(status=503 if self.dead else 200)
 
     async def metrics_view(self, request: web.Request) -> web.Response:
         self.metrics.sync(self.core)
