@@ -172,14 +172,15 @@ class UpstreamFailed(Exception):
         """What the client gets when no tier is left: a 429/503 with the provider's Retry-After, else
         a 502 naming the upstream and the reason (never the provider's text)."""
         v = self.verdict
+        why = str(self).removeprefix(f"{upstream}: ")
         if v.status in (429, 503):
             headers = {"retry-after": str(math.ceil(v.retry_after))} if v.retry_after is not None else {}
             if v.status == 429:
-                return RelayedLimit(429, f"upstream {upstream} is rate limited: {self}", headers,
+                return RelayedLimit(429, f"upstream {upstream} is rate limited: {why}", headers,
                                     type_="rate_limit_error", code="rate_limit_exceeded")
-            return RelayedLimit(503, f"upstream {upstream} is unavailable: {self}", headers,
+            return RelayedLimit(503, f"upstream {upstream} is unavailable: {why}", headers,
                                 type_="service_unavailable", code="upstream_unavailable")
-        return APIError(502, f"upstream {upstream} failed: {self}", type_="upstream_error", code="upstream_failed")
+        return APIError(502, f"upstream {upstream} failed: {why}", type_="upstream_error", code="upstream_failed")
 
 
 class RelayedLimit(APIError):
