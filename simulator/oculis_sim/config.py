@@ -22,15 +22,14 @@ from oculis_sim import specdecode, steptime
 
 GiB = 1024**3
 
-# Products the CRD enum does not list yet; facts from ../shared/notes/simulator.md section 4 and
-# vllm-engine section 6 (GFD names and nvidia-smi MiB).
-EXTRA_GPUS: dict[str, GPUProduct] = {
-    p.key: p
-    for p in (
-        GPUProduct("H100-PCIe-80GB", "NVIDIA-H100-PCIe", 81559, "hopper", 9, 0, 2000, 756, 1513),
-        GPUProduct("L4-24GB", "NVIDIA-L4", 23034, "ada-lovelace", 8, 9, 300, 121, 242),
-    )
-}
+# Products the simulator needs facts for even where the CRD enum (oculis.gpus) does not list them yet;
+# facts from ../shared/notes/simulator.md section 4 and vllm-engine section 6 (GFD names, nvidia-smi MiB).
+# The schema's own entry wins when it has one.
+_EXTRA = (
+    GPUProduct("H100-PCIe-80GB", "NVIDIA-H100-PCIe", 81559, "hopper", 9, 0, 2000, 756, 1513),
+    GPUProduct("L4-24GB", "NVIDIA-L4", 23034, "ada-lovelace", 8, 9, 300, 121, 242),
+)
+EXTRA_GPUS: dict[str, GPUProduct] = {p.key: p for p in _EXTRA if p.key not in gpus.GPU_PRODUCTS}
 
 
 class SimConfigError(ValueError):
@@ -44,7 +43,7 @@ def lookup_gpu(name: str) -> GPUProduct:
         for p in EXTRA_GPUS.values():
             if name in (p.key, p.gfd_product):
                 return p
-        choices = ", ".join(sorted([*gpus.GPU_PRODUCTS, *EXTRA_GPUS]))
+        choices = ", ".join(sorted({*gpus.GPU_PRODUCTS, *EXTRA_GPUS}))
         raise SimConfigError(f"--gpu {name!r}: no GPU facts for this product; use one of {choices} (or its "
                              "nvidia.com/gpu.product value)") from None
 

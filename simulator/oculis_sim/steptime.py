@@ -41,6 +41,7 @@ ALLREDUCE_LATENCY_S = 8e-6
 # in-sample for this one constant); 0.35 on Ada is an assumption (no calibration point).
 MFU: dict[str, tuple[float, float]] = {
     "hopper": (0.45, 0.40),
+    "blackwell": (0.45, 0.40),  # no calibration point: Hopper's fractions (assumption)
     "ampere": (0.38, 0.40),
     "ada-lovelace": (0.32, 0.35),
 }
