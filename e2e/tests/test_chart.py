@@ -72,7 +72,7 @@ def test_a_second_release_in_another_namespace_installs_and_a_second_operator_is
     installed: list[str] = []
     try:
         first = helm(bin_dir, kubeconfig, "install", release, str(CHART), "-n", namespace,
-                     "--set", f"operator.watchNamespaces={{{namespace}}}")
+                     "--set", f"operator.watchNamespaces={{{namespace}}}", "--set", "operator.webhook.enabled=true")
         assert first.returncode == 0, first.stderr
         installed.append(namespace)
         # An operator over all namespaces would also watch the first one: refused, saying why and what to do.
@@ -81,6 +81,10 @@ def test_a_second_release_in_another_namespace_installs_and_a_second_operator_is
         assert (f"the operator of release {release} in namespace {namespace} already watches {namespace}"
                 in clash.stderr), clash.stderr
         assert "operator.enabled=false" in clash.stderr and "leader election" in clash.stderr
+        # The webhook's configuration has one cluster-wide name: a second one is refused too.
+        hook = helm(bin_dir, kubeconfig, "install", release, str(CHART), "-n", other,
+                    "--set", f"operator.watchNamespaces={{{other}}}", "--set", "operator.webhook.enabled=true")
+        assert hook.returncode != 0 and "already serves the validating webhook" in hook.stderr, hook.stderr
         # Its own namespace only: no overlap, and no name clash with the first release's ClusterRole.
         second = helm(bin_dir, kubeconfig, "install", release, str(CHART), "-n", other,
                       "--set", f"operator.watchNamespaces={{{other}}}")
@@ -104,7 +108,7 @@ def test_a_second_release_in_another_namespace_installs_and_a_second_operator_is
         assert names == {f"{release}-router"}
         # Upgrading the first release does not refuse itself.
         up = helm(bin_dir, kubeconfig, "upgrade", release, str(CHART), "-n", namespace,
-                  "--set", f"operator.watchNamespaces={{{namespace}}}")
+                  "--set", f"operator.watchNamespaces={{{namespace}}}", "--set", "operator.webhook.enabled=true")
         assert up.returncode == 0, up.stderr
     finally:
         for ns in installed:

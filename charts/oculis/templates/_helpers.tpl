@@ -37,6 +37,9 @@ then; `helm template` renders offline and skips this). */}}
 {{- if $overlap }}
 {{- fail (printf "operator.watchNamespaces: the operator of release %s in namespace %s already watches %s (this release would watch %s); two operators would reconcile the same objects, as the operator runs without leader election. Install this release with --set operator.enabled=false (router only), or set operator.watchNamespaces to namespaces no other operator watches" (get $notes "meta.helm.sh/release-name") (get $notes "meta.helm.sh/release-namespace") (replace "*" "all namespaces" $theirs) (replace "*" "all namespaces" (include "oculis.watched" $))) }}
 {{- end }}
+{{- if and $.Values.operator.webhook.enabled (eq (get $notes "oculis.dev/webhook") "true") }}
+{{- fail (printf "operator.webhook.enabled: the operator of release %s in namespace %s already serves the validating webhook; the operator names its ValidatingWebhookConfiguration oculis.dev, one per cluster, so leave operator.webhook.enabled false in this release" (get $notes "meta.helm.sh/release-name") (get $notes "meta.helm.sh/release-namespace")) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
