@@ -46,7 +46,7 @@ class InferenceRouteSpec(RouteBody):
     """Semantic tiers over GPUUpstreams of this namespace, with escalation and a response cache."""
 
     tiers: list[RouteTier] = Field(min_length=1, max_length=16)  # type: ignore[assignment]
-    """Tiers, cheapest first; the last catches all"""
+    """Tiers, cheapest first: the first whose match holds answers; the last catches all"""
 
     config_map: str = Field(DEFAULT_CONFIG_MAP, pattern=NAME_PATTERN,
                             description="ConfigMap this route is rendered into; it holds only the routes that name it")
