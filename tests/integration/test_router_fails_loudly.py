@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ class Deployed:
 
     def requests_total(self) -> dict[tuple[str, ...], float]:
         text = httpx.get(self.metrics_url).text
-        out = {}
+        out: dict[tuple[str, ...], float] = {}
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
                 if s.name == "oculis_requests_total":
@@ -212,6 +212,7 @@ def test_each_failure_is_one_log_line_and_none_is_a_traceback(deployed: Deployed
     deployed.post({"model": "via-choicenotobject", "messages": MSG})
     log = eventually(lambda: "a-badsse" in (t := deployed.log.read_text()[start:]) and t, timeout=10,
                      interval=0.05, what="the broken stream to be logged")
+    assert isinstance(log, str)
     assert len([ln for ln in log.splitlines() if "nulljson" in ln]) == 1
     assert len([ln for ln in log.splitlines() if "a-badsse" in ln]) == 1
     assert len([ln for ln in log.splitlines() if "choicenotobject" in ln]) == 1  # the failover
@@ -249,14 +250,14 @@ def test_a_chunked_body_stops_being_read_at_the_limit(tmp_path: Path) -> None:
     app = build_app(config_path=path)
     chunk, chunks = b"a" * 4096, 10_000  # 40 MB offered, no Content-Length
     read = 0
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> MutableMapping[str, Any]:
         nonlocal read
         read += 1
         return {"type": "http.request", "body": chunk, "more_body": read < chunks}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
@@ -283,6 +284,7 @@ def test_a_stopped_reload_watcher_turns_readyz_503_naming_it(tmp_path: Path, mon
     with Server(app) as server:
         r = eventually(lambda: (r := httpx.get(server.url + "/readyz")).status_code == 503 and r, timeout=10,
                        interval=0.02, what="/readyz to report the stopped watcher")
+        assert isinstance(r, httpx.Response)
         assert "config reload watcher stopped" in r.json()["status"] and "Pulled" in r.json()["status"]
 
 
