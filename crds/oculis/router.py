@@ -208,6 +208,78 @@ class ResponseCache(Model):
         return ignore
 
 
+LimitPer = Literal["tenant", "key", "route"]
+
+
+class Limits(Model):
+    """Request and token rates, counted over a rolling window (60 slices of it: a request is refused
+    when it would take the last minute's or day's count past the limit, never by a window that resets)."""
+
+    per: LimitPer = "tenant"
+    """Who shares one count: tenant (the API key's digest, subdivided by X-Oculis-Tenant), key (the API
+    key, whatever X-Oculis-Tenant says) or route (everyone together)"""
+    requests_per_minute: int | None = Field(None, ge=1)
+    """Requests admitted in any 60 s"""
+    tokens_per_minute: int | None = Field(None, ge=1)
+    """Prompt plus completion tokens in any 60 s; a request reserves its estimated prompt plus its
+    max_tokens before it is admitted, and the reservation is replaced by the real usage at its end"""
+    tokens_per_day: int | None = Field(None, ge=1)
+    """Prompt plus completion tokens in any 24 h, reserved and settled like tokens_per_minute"""
+
+
+class Budget(Model):
+    """Dollars that may be spent per calendar period (UTC), priced as the cost metrics price them
+    (`oculis_cost_dollars_total`: the upstream's pricing, cached tokens at their price)."""
+
+    dollars: float = Field(gt=0, allow_inf_nan=False)
+    """Spend allowed per period; a request reserves its worst-case cost (the priciest tier it may reach)"""
+    period: Literal["hour", "day", "month"] = "day"
+    """The spend starts again from zero at each UTC hour, day or month"""
+    per: LimitPer = "tenant"
+    """Who shares one budget: tenant, key or route"""
+
+
+class LimitMatch(Model):
+    """Which requests an override applies to; all given fields must hold."""
+
+    tenant: str | None = Field(None, min_length=1, max_length=256)
+    """The X-Oculis-Tenant header's value"""
+    key_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{8,64}$")
+    """The API key's SHA-256 in hex, or its first 8 or more digits (`printf %s "$KEY" | sha256sum`):
+    the key itself never appears in a config"""
+
+    @model_validator(mode="after")
+    def _names_someone(self) -> LimitMatch:
+        if self.tenant is None and self.key_sha256 is None:
+            raise ValueError("match needs tenant or key_sha256 (an empty match would apply to everyone: set the "
+                             "route's limits or budget instead)")
+        return self
+
+
+class LimitOverride(Model):
+    """Limits and budget for some tenants or keys instead of the route's (or the server's)."""
+
+    match: LimitMatch
+    """Which requests it applies to"""
+    limits: Limits | None = None
+    """Their limits (unset: the general ones)"""
+    budget: Budget | None = None
+    """Their budget (unset: the general one)"""
+
+
+class Limiter(Model):
+    """Where counts are kept and what happens when that store fails."""
+
+    backend: Literal["memory", "redis"] | None = None
+    """memory (this replica only) or redis (shared by replicas, at server.redis_url); unset: the cache_backend"""
+    on_backend_error: Literal["allow", "deny"] = "allow"
+    """When Redis cannot be reached: allow (admit uncounted; the default, because an outage of a counter
+    should not become an outage of the API, and it is logged and counted in
+    oculis_limiter_backend_errors_total) or deny (429 until Redis is back: for hard spend caps)"""
+    reserve_max_tokens: int = Field(1024, ge=1)
+    """Completion tokens a request reserves when it sets neither max_tokens nor max_completion_tokens"""
+
+
 class RouteBody(Model):
     """A route without its name: the InferenceRoute's spec (the name comes from metadata)."""
 
@@ -221,6 +293,12 @@ class RouteBody(Model):
     """When requests move up a tier"""
     cache: ResponseCache = Field(default_factory=ResponseCache)
     """Response cache"""
+    limits: Limits | None = None
+    """Request and token rate limits of this route (unset: server.limits)"""
+    budget: Budget | None = None
+    """Dollar budget of this route (unset: server.budget)"""
+    limit_overrides: list[LimitOverride] = Field(default_factory=list, max_length=256)
+    """Other limits or budget for some tenants or keys; the first that matches applies (then server.limit_overrides)"""
 
     @model_validator(mode="after")
     def _tiers_are_usable(self) -> RouteBody:
@@ -244,11 +322,22 @@ class ServerSettings(Model):
     client_keys_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     """Environment variable holding the client API keys the router accepts (comma-separated). When set,
     /v1 requests without one of them get 401; when that variable is empty, every /v1 request is refused."""
+    limits: Limits | None = None
+    """Rate limits of every route that sets none, and of requests naming an upstream directly; counted
+    across all of them (a route's own limits count that route only)"""
+    budget: Budget | None = None
+    """Dollar budget of every route that sets none (and of direct upstream calls), counted across them"""
+    limit_overrides: list[LimitOverride] = Field(default_factory=list, max_length=256)
+    """Other limits or budget for some tenants or keys, on every route (after the route's own overrides)"""
+    limiter: Limiter = Field(default_factory=Limiter)
+    """Where the limits' counts are kept"""
 
     @model_validator(mode="after")
     def _redis(self) -> ServerSettings:
         if self.cache_backend == "redis" and not self.redis_url:
             raise ValueError("server.redis_url is required when server.cache_backend is redis")
+        if self.limiter.backend == "redis" and not self.redis_url:
+            raise ValueError("server.redis_url is required when server.limiter.backend is redis")
         return self
 
 

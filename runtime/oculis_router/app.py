@@ -25,6 +25,8 @@ from oculis import RouterConfig, Timeouts, Upstream
 from oculis_router import cache as rcache
 from oculis_router.errors import APIError, bad_request
 from oculis_router.inbound import check_body, check_client_key, disconnected, read_body, tenant_of
+from oculis_router.limits import identity_of
+from oculis_router.limits_store import Hold
 from oculis_router.metrics import Metrics
 from oculis_router.providers import refusal, relayed_headers
 from oculis_router.sse import StreamCollector
@@ -51,6 +53,7 @@ class Plan:
     complexity: float | None
     escalated: bool
     timeouts: list[Timeouts | None] = field(default_factory=list)  # per tier: overrides of its upstream's
+    prompt_tokens: int | None = None  # the classifier's count (None: not classified), for rate limits
 
 
 def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: str = "chat") -> Plan:
@@ -80,7 +83,7 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
     if decision.escalated:
         metrics.escalations.labels(name, "low_confidence").inc()
     return Plan(rr, [rt.upstreams[t.upstream] for t in tiers], [t.name for t in tiers], c.complexity,
-                decision.escalated, [t.timeouts for t in tiers])
+                decision.escalated, [t.timeouts for t in tiers], c.prompt_tokens)
 
 
 def failure_kind(exc: UpstreamFailed) -> str:
@@ -104,8 +107,10 @@ def failure_kind(exc: UpstreamFailed) -> str:
     return "connection"
 
 
-def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None) -> None:
+def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None, hold: Hold | None = None) -> None:
     u = Usage.parse(usage)
+    if hold is not None:  # the limits settle on the same usage the metrics count (one cost, one place)
+        hold.record(up.pricing, u)
     if u is None:
         return
     metrics.prompt_tokens.labels(up.name).inc(u.prompt)
@@ -145,6 +150,11 @@ class Router:
             body = check_body(body, endpoint)
             plan = plan_request(rt, body, self.metrics, endpoint)
             route_label = body["model"]
+            # Admission: after the plan (its prompt count and tiers' prices), before the cache and upstream.
+            hold = None if rt.limiter is None else await rt.limiter.admit(
+                rt.config.server, plan.route.route if plan.route else None, route_label,
+                identity_of(request.headers, tenant_of(request)), body, plan.prompt_tokens,
+                [u.pricing for u in plan.tiers])
             key = None
             if plan.route and plan.route.store and rcache.cacheable(plan.route.route.cache, body):
                 key = rcache.cache_key(plan.route.route.cache, body, tenant_of(request), plan.tiers[0], endpoint)
@@ -153,14 +163,18 @@ class Router:
                 if hit is not None:
                     self.metrics.requests.labels(route_label, plan.tier_names[0], plan.tiers[0].name, "cache_hit").inc()
                     hdrs = self.headers(plan, 0, "hit")
+                    if hold is not None:  # a hit costs no tokens: only its request counts
+                        await hold.settle()
+                        hdrs.update(hold.headers)
                     if body.get("stream"):
                         replay = rcache.sse_from_response(hit, endpoint, rcache.stream_wants_usage(body))
                         return StreamingResponse(_iter(replay), headers={**hdrs, **SSE_HEADERS},
                                                  media_type="text/event-stream")
                     return JSONResponse(hit, headers=hdrs)
             if body.get("stream"):
-                return await self._stream(body, plan, endpoint, key, route_label)
-            return await self._unless_client_leaves(request, self._complete(body, plan, endpoint, key, route_label),
+                return await _held(hold, self._stream(body, plan, endpoint, key, route_label, hold))
+            return await self._unless_client_leaves(request, _held(hold, self._complete(body, plan, endpoint, key,
+                                                                                        route_label, hold)),
                                                     route_label)
         except APIError as err:
             self.metrics.requests.labels(route_label, "-", "-", f"error_{err.status}").inc()
@@ -244,7 +258,7 @@ class Router:
         return Response(status_code=499)  # nobody reads it; nginx's code for "client closed request"
 
     async def _complete(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
-                        route_label: str) -> Response:
+                        route_label: str, hold: Hold | None = None) -> Response:
         for i, up in enumerate(plan.tiers):
             t0 = time.perf_counter()
             try:
@@ -256,7 +270,7 @@ class Router:
                 self._failed(exc, plan, i, route_label)
                 continue
             self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
-            account(self.metrics, up, data.get("usage"))
+            account(self.metrics, up, data.get("usage"), hold)
             self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "ok").inc()
             if key is not None and plan.route and plan.route.store and i == 0 and rcache.storable(endpoint, data):
                 await plan.route.store.set(key, data)
@@ -264,7 +278,7 @@ class Router:
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
     async def _stream(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
-                      route_label: str) -> Response:
+                      route_label: str, hold: Hold | None = None) -> Response:
         for i, up in enumerate(plan.tiers):
             t0 = time.perf_counter()
             try:
@@ -275,14 +289,14 @@ class Router:
                 self._failed(exc, plan, i, route_label)
                 continue
             store = plan.route.store if (plan.route and key is not None and i == 0) else None
-            gen = self._relay(resp, translator, up, t0, route_label, plan.tier_names[i], store, key, endpoint)
+            gen = self._relay(resp, translator, up, t0, route_label, plan.tier_names[i], store, key, endpoint, hold)
             return StreamingResponse(gen, media_type="text/event-stream", headers={
                 **relayed_headers(resp.headers), **self.headers(plan, i, _cache_state(key)), **SSE_HEADERS})
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
     async def _relay(self, resp: Stream, translator: Any, up: Upstream, t0: float, route_label: str,
                      tier: str, store: rcache.Store | None, key: str | None,
-                     endpoint: str = "chat") -> AsyncIterator[bytes]:
+                     endpoint: str = "chat", hold: Hold | None = None) -> AsyncIterator[bytes]:
         """Bytes go to the client as they arrive; a copy is parsed on the side for usage and the cache."""
         collector = StreamCollector(endpoint)
         gate = EventGate(up.name)  # whole, well-formed events only, and a stream that ends with [DONE]
@@ -296,6 +310,8 @@ class Router:
                 chunk = gate.feed(b"".join(translator.feed(raw)) if translator else raw)
                 if chunk:
                     collector.feed(chunk)
+                    if hold is not None:
+                        hold.relayed(chunk)
                     yield chunk
                 if gate.failure:
                     raise gate.failure
@@ -330,10 +346,28 @@ class Router:
             resp.release()
             self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
             self.metrics.requests.labels(route_label, tier, up.name, outcome).inc()
-            account(self.metrics, up, collector.usage)
+            account(self.metrics, up, collector.usage, hold)
+            if hold is not None:  # a cut stream settles what it used too
+                await hold.settle()
         answer = collector.response()  # None unless the stream can stand for the whole answer
         if outcome == "ok" and store is not None and key is not None and answer and rcache.storable(endpoint, answer):
             await store.set(key, answer)
+
+
+async def _held(hold: Hold | None, work: Coroutine[Any, Any, Response]) -> Response:
+    """`work`'s answer with the rate-limit headers; the hold settled once it ends, except a stream's,
+    which settles when the stream does (Router._relay)."""
+    if hold is None:
+        return await work
+    try:
+        resp = await work
+    except BaseException:
+        await hold.settle()
+        raise
+    if not isinstance(resp, StreamingResponse):
+        await hold.settle()
+    resp.headers.update(hold.headers)
+    return resp
 
 
 def _cache_state(key: str | None) -> str:
@@ -347,7 +381,9 @@ async def _iter(chunks: list[bytes]) -> AsyncIterator[bytes]:
 
 def build_app(config_path: Path | None = None, config: RouterConfig | None = None, metrics: Metrics | None = None,
               reload_interval: float = 1.0, max_retries: int = 2, backoff: float = 0.05,
-              wait_for_config: bool = False, client_keys_env: str | None = None) -> Starlette:
+              wait_for_config: bool = False, client_keys_env: str | None = None,
+              endpoints: Path | None = None) -> Starlette:
+    """`endpoints`: an endpoint map (oculis_router.endpoints) that sends base_url hosts to loopback ports."""
     metrics = metrics or Metrics()
     holder = ConfigHolder(config_path, metrics, config, wait_for_file=wait_for_config)
     # The caller needs the event loop: the lifespan sets it.
@@ -392,7 +428,13 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(limit=2000, limit_per_host=1000, keepalive_timeout=60)
+        if endpoints is None:
+            connector = aiohttp.TCPConnector(limit=2000, limit_per_host=1000, keepalive_timeout=60)
+        else:  # no DNS cache: each new connection asks the map, which follows pods as they come and go
+            from oculis_router.endpoints import EndpointResolver
+
+            connector = aiohttp.TCPConnector(limit=2000, limit_per_host=1000, keepalive_timeout=60,
+                                             resolver=EndpointResolver(endpoints), use_dns_cache=False)
         http = aiohttp.ClientSession(connector=connector, trust_env=False)
         router.caller = Caller(http, max_retries=max_retries, backoff=backoff)
         watcher = asyncio.create_task(holder.watch(reload_interval)) if config_path else None

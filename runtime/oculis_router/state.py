@@ -24,6 +24,8 @@ from typing import Any
 from oculis import ConfigError, Route, RouterConfig, Upstream, parse_config
 from oculis_router.cache import MemoryStore, RedisStore, Store
 from oculis_router.decide import RouteScorer
+from oculis_router.limits import limited_anywhere
+from oculis_router.limits_store import Limiter, build_limiter
 from oculis_router.metrics import Metrics
 from oculis_router.upstreams import missing_key
 
@@ -43,6 +45,7 @@ class Runtime:
     digest: str
     routes: dict[str, RouteRuntime]
     upstreams: dict[str, Upstream]
+    limiter: Limiter | None = None  # None when no route, override or server default sets a limit
 
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a ConfigMap holds 1 MiB; anything far larger is not a config
@@ -59,7 +62,8 @@ class ConfigHolder:
         self.metrics = metrics
         self._scorers: dict[str, RouteScorer] = {}
         self._stores: dict[str, Store] = {}
-        self._retired: list[tuple[float, Store]] = []  # (when dropped, store) by a reload, closed later
+        self._retired: list[tuple[float, Store | Limiter]] = []  # (when dropped, store) by a reload, closed later
+        self._limiter: tuple[str, Limiter] | None = None  # kept across reloads with its backend: counts survive
         self._rejected: str | None = None  # digest of the last file refused, so it is logged once
         self._unreadable: str | None = None  # the last read error, so a lasting one is logged once
         self.watch_stopped: str | None = None  # why the reload watcher ended, if it did
@@ -124,7 +128,28 @@ class ConfigHolder:
         for up in config.upstreams:
             if why := missing_key(up):
                 log.warning("%s; requests to it will fail over to the next tier", why)
-        return Runtime(config, digest, routes, {u.name: u for u in config.upstreams})
+        return Runtime(config, digest, routes, {u.name: u for u in config.upstreams}, self._limiter_for(config, now))
+
+    def _limiter_for(self, config: RouterConfig, now: float) -> Limiter | None:
+        """The limiter of this config: the previous one while its backend settings are unchanged (the
+        counts of a memory backend live in it), none at all when nothing is limited."""
+        s = config.server
+        lkey = f"{s.limiter.backend or s.cache_backend}:{s.redis_url}"
+        if not limited_anywhere(s, config.routes):
+            if self._limiter is not None:
+                self._retired.append((now, self._limiter[1]))
+            self._limiter = None
+            return None
+        if self._limiter is not None and self._limiter[0] == lkey:
+            limiter = self._limiter[1]
+        else:
+            limiter = build_limiter(s, self.metrics.registry)  # first: a URL that fails keeps the old one
+            if self._limiter is not None:
+                self._retired.append((now, self._limiter[1]))
+            self._limiter = (lkey, limiter)
+        # Settings read per request (on_backend_error) follow the config in force.
+        limiter.on_backend_error = s.limiter.on_backend_error
+        return limiter
 
     @staticmethod
     def _new_store(config: RouterConfig, route: Route) -> Store:
@@ -201,6 +226,8 @@ class ConfigHolder:
     async def close(self) -> None:
         for store in self._stores.values():
             await store.close()
+        if self._limiter is not None:
+            await self._limiter[1].close()
         await self._close_retired(0)
 
 
