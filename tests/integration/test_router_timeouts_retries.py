@@ -258,3 +258,35 @@ def test_an_answer_that_is_json_but_no_object_is_a_failed_attempt_not_a_500(rout
         fakes.scripts["small"].reply_raw = raw
         r = post(router, "adaptive")
         assert r.status_code == 200 and r.headers["x-oculis-upstream"] == "llama-70b"
+
+
+# (status, headers, body) -> the client's status on a one-tier route, calls made there, and whether a
+# route with a next tier answers from it instead.
+SWEEP = [
+    (500, {}, None, 502, 3, True), (502, {}, None, 502, 3, True), (504, {}, None, 502, 3, True),
+    (529, {}, None, 502, 3, True),  # Anthropic's "overloaded"
+    (503, {}, None, 502, 3, True), (503, {"Retry-After": "30"}, None, 503, 1, True),
+    (429, {}, None, 429, 3, True), (429, {"Retry-After": "30"}, None, 429, 1, True),
+    (401, {}, KEY_401, 502, 1, True), (403, {}, KEY_401, 502, 1, True),
+    (400, {}, CONTEXT_400, 400, 1, True),
+    (400, {}, {"error": {"message": "bad temperature"}}, 400, 1, False), (404, {}, None, 404, 1, False),
+    (408, {}, None, 408, 1, False), (409, {}, None, 409, 1, False), (413, {}, None, 413, 1, False),
+    (422, {}, None, 422, 1, False),
+]
+
+
+@pytest.mark.parametrize(("status", "headers", "body", "client", "calls", "escalates"), SWEEP)
+def test_every_upstream_error_gets_the_policys_answer_streamed_or_not(
+        router: RouterHandle, fakes: Fakes, status: int, headers: dict[str, str], body: dict[str, Any] | None,
+        client: int, calls: int, escalates: bool) -> None:
+    reconfigure(router, fakes, routes=[only("llama-8b")])
+    small = fakes.scripts["small"]
+    for stream in (False, True):
+        small.received.clear()
+        small.fail_times, small.fail_status, small.fail_headers, small.fail_body = 100, status, headers, body
+        r = post(router, "only", stream=stream)
+        assert (r.status_code, len(small.received)) == (client, calls), r.text
+        assert r.json()["error"]["message"]
+        r = post(router, "adaptive", stream=stream)
+        assert r.status_code == (200 if escalates else status)
+        assert r.headers["x-oculis-upstream"] == ("llama-70b" if escalates else "llama-8b")
