@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HTTPRoute
 
@@ -179,6 +179,9 @@ class Router:
         except APIError as err:
             self.metrics.requests.labels(route_label, "-", "-", f"error_{err.status}").inc()
             return err.response()
+        except ClientDisconnect:  # the client left while sending its body: its doing, not an internal error
+            self.metrics.requests.labels(route_label, "-", "-", "client_closed").inc()
+            return Response(status_code=499)
         except Exception:
             # Caught here, not by Starlette's handler, which re-raises to uvicorn: that was a second
             # traceback per request and no count. One log record, one error_500, an OpenAI error.

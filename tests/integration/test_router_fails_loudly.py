@@ -244,6 +244,12 @@ def small_config(url: str = "http://127.0.0.1:9/v1") -> dict[str, Any]:
                        "server": {"max_body_bytes": 64 * 1024}}}
 
 
+SCOPE = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+         "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+         "query_string": b"", "headers": [(b"content-type", b"application/json")],
+         "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+
+
 def test_a_chunked_body_stops_being_read_at_the_limit(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(small_config()))
@@ -260,13 +266,30 @@ def test_a_chunked_body_stops_being_read_at_the_limit(tmp_path: Path) -> None:
     async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-             "query_string": b"", "headers": [(b"content-type", b"application/json")],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
-    asyncio.run(app(scope, receive, send))
+    asyncio.run(app(dict(SCOPE), receive, send))
     assert sent[0]["status"] == 413
     assert read * len(chunk) <= 64 * 1024 + len(chunk)  # stopped at the limit, not at the end of the body
+
+
+def test_a_client_that_leaves_while_sending_is_counted_as_such_not_as_an_internal_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(small_config()))
+    app = build_app(config_path=path)
+    messages = iter([{"type": "http.request", "body": b'{"model": "ok", "mess', "more_body": True},
+                     {"type": "http.disconnect"}])
+
+    async def receive() -> MutableMapping[str, Any]:
+        return next(messages)
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        pass
+
+    asyncio.run(app(dict(SCOPE), receive, send))
+    registry = app.state.metrics.registry
+    assert registry.get_sample_value("oculis_requests_total", {"route": "-", "tier": "-", "upstream": "-",
+                                                               "outcome": "client_closed"}) == 1
+    assert not [r for r in caplog.records if r.exc_info]
 
 
 def test_a_stopped_reload_watcher_turns_readyz_503_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
