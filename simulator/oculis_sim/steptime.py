@@ -30,8 +30,10 @@ PER_STEP_S = 126e-6
 API_OVERHEAD_S = 15.6e-3
 FINISH_OVERHEAD_S = 0.78e-3
 PER_TOKEN_OUTPUT_S = 46e-6
-# One all-reduce launch+sync on NVLink with vLLM's custom all-reduce (estimate; two per layer at TP > 1).
-ALLREDUCE_LATENCY_S = 8e-6
+# One small-message all-reduce on NVLink (launch + sync; two per layer at TP > 1). An estimate: at 8 us
+# the 70B TP4 point (B4) came out 18 % fast and TP2 sped an 8B up 1.5x where vllm#31826's TP2 run shows
+# ~6.3 ms ITL (about 1.2x over TP1's ~7.5 ms); 20 us is consistent with both.
+ALLREDUCE_LATENCY_S = 20e-6
 
 # Achieved fraction of peak FLOPS per GPU family, (prefill, decode). Prefill: BLIS hardware_config.json
 # (Discussion #589). Decode: BLIS ships 0.30 / 0.18 / 0.08 for its pure-roofline mode, which has no
