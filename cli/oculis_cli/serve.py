@@ -94,15 +94,22 @@ def bind_problem(host: str, port: int, flag: str = "--port") -> tuple[int, str] 
     except (socket.gaierror, UnicodeError) as exc:
         reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
         return 2, f"--host {host!r} does not resolve ({reason}); give an address of this machine such as 127.0.0.1"
+    unavailable: OSError | None = None
+    bound = 0
     for family, kind, proto, _, addr in addrs:  # every address the server will bind, as asyncio's server does
         with socket.socket(family, kind, proto) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
             try:
                 s.bind(addr)
+                bound += 1
             except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    return 1, (f"{flag} {port}: {host}:{port} is already in use; stop what holds it "
-                               f"(`ss -ltnp 'sport = :{port}'`) or pick another {flag}")
-                return 2, (f"cannot bind --host {host!r} ({exc.strerror}): not an address of this machine; give "
-                           "127.0.0.1, 0.0.0.0 or an address of one of its interfaces")
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    if exc.errno == errno.EADDRINUSE:
+                        return 1, (f"{flag} {port}: {host}:{port} is already in use; stop what holds it "
+                                   f"(`ss -ltnp 'sport = :{port}'`) or pick another {flag}")
+                    return 1, f"{flag} {port}: cannot listen on {host}:{port}: {exc.strerror}"
+                unavailable = exc  # asyncio skips such an address (its family may be off) and binds the rest
+    if not bound and unavailable is not None:
+        return 2, (f"cannot bind --host {host!r} ({unavailable.strerror}): not an address of this machine; give "
+                   "127.0.0.1, 0.0.0.0 or an address of one of its interfaces")
     return None
