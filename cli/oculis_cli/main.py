@@ -26,6 +26,7 @@ def _register_sim(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     # The simulator ships in neither image: import it only when `oculis sim` runs.
     p = sub.add_parser("sim", help="simulated vLLM engine: `oculis sim replay|serve ...` (see `oculis sim --help`)",
                        add_help=False)
+    p.add_argument("-h", "--help", dest="sim_help", action="store_true")  # the simulator's own parser answers
     p.add_argument("sim_args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_run_sim)
 
@@ -37,7 +38,7 @@ def _run_sim(args: argparse.Namespace) -> int:
         print(f"oculis sim: error: the engine simulator is not installed ({exc}); install it with "
               "`pip install -e '.[sim]'` from an Oculis checkout", file=sys.stderr)
         return 2
-    return sim_main(args.sim_args)
+    return sim_main(["--help"] if args.sim_help else args.sim_args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -122,3 +122,21 @@ def test_gpu_comes_from_the_environment_when_not_given(monkeypatch) -> None:  # 
     monkeypatch.setenv("OCULIS_SIM_GPU", "NVIDIA-L40S")
     s = cli.settings_from(cli.build_parser().parse_args(["serve", MODEL, "--max-model-len", "8192"]))
     assert s.gpu.key == "L40S-48GB" and (s.max_num_seqs, s.max_num_batched_tokens) == (256, 2048)
+
+
+def test_oculis_cli_without_the_simulator_says_how_to_install_it() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['oculis_sim'] = None\n"
+            "from oculis_cli.main import main\n"
+            "sys.exit(main(['sim', 'replay', '--workload', 'w.yaml']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "pip install -e '.[sim]'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_sim_help_reaches_the_simulators_own_parser(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as exc:
+        main(["sim", "--help"])
+    assert exc.value.code == 0 and "replay" in capsys.readouterr().out
