@@ -40,7 +40,14 @@ BODIES: dict[str, tuple[int, str, bytes]] = {
     "html502": (502, "text/html", b"<html><body>502 Bad Gateway</body></html>"),
     "e500": (500, "application/json", b'{"error": {"message": "boom"}}'),
     "badusage": (200, "application/json", json.dumps({**OK_ANSWER, "usage": "lots"}).encode()),
+    # Refusals (the timeouts and API-fidelity tests cover their policy; the sweep, that none is a 500):
+    "e429": (429, "application/json", b'{"error": {"message": "slow down"}}'),
+    "e401": (401, "application/json", b'{"error": {"message": "Incorrect API key provided: sk-up***"}}'),
+    "e400ctx": (400, "application/json", b'{"error": {"message": "This model\'s maximum context length is 8192"}}'),
+    "e400": (400, "application/json", b'{"error": {"message": "bad temperature"}}'),
+    "e404html": (404, "text/html", b"<html><body>Not Found</body></html>"),
 }
+HEADERS = {"e429": {"retry-after": "30"}}  # longer than the router waits out: escalated or relayed at once
 
 
 def _chunk(content: str | None = None, finish: str | None = None) -> bytes:
@@ -122,7 +129,7 @@ class Misbehaving:
             return StreamingResponse(_send(STREAMS[model]), media_type="text/event-stream")
         if model in BODIES:
             status, ctype, raw = BODIES[model]
-            return Response(raw, status_code=status, media_type=ctype)
+            return Response(raw, status_code=status, media_type=ctype, headers=HEADERS.get(model))
         if body.get("stream"):
             return StreamingResponse(_send(GOOD_STREAM), media_type="text/event-stream")
         return JSONResponse(OK_ANSWER)
