@@ -271,6 +271,7 @@ class SimServer:
                 text = (" " if st.pos else "") + WORDS[(st.word0 + st.pos) % len(WORDS)]
             else:
                 text = (" " if st.pos else "") + " ".join(placeholder(n, st.word0 + st.pos))
+            first = st.pos == 0
             st.pos += n
             if req.first_token < 0:
                 req.first_token = due
@@ -281,6 +282,8 @@ class SimServer:
             if st.stream and st.resp is not None:
                 data = (st.chunk(text, st.finish_reason) if id(req) in done
                         else b"".join((st.head, text.encode(), st.tail)))
+                if first and st.chat:  # vLLM sends the role chunk with the first token, not before it
+                    data = st.chunk("", role=True) + data
                 try:
                     await st.resp.write(data)
                 except (ConnectionError, RuntimeError):
@@ -380,10 +383,13 @@ class SimServer:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                HEADER: "true"})
             await resp.prepare(request)
+            # vLLM's headers leave at once and the role chunk with the first token; aiohttp would hold
+            # the headers until the first body write, so flush them (guarded: a private writer API).
+            send_headers = getattr(getattr(resp, "_payload_writer", None), "send_headers", None)
+            if callable(send_headers):
+                send_headers()
         st = Stream(chat, model, stream, resp, n_prompt, reason, include_usage, arrival)
         st.word0 = word0
-        if stream and chat:
-            await self._safe_write(st, st.chunk("", role=True))
         if out > 0:
             req = Request(next(self.seq), n_prompt, out, arrival, block_hashes(toks), st)
             st.req = req
@@ -394,8 +400,8 @@ class SimServer:
             except asyncio.CancelledError:
                 self.core.scheduler.abort(req)
                 raise
-        elif stream:
-            await self._safe_write(st, st.chunk("", reason))
+        elif stream:  # stopped before the first word: the role (chat) and the finish reason
+            await self._safe_write(st, (st.chunk("", role=True) if chat else b"") + st.chunk("", reason))
         if stream:
             assert resp is not None
             if include_usage:

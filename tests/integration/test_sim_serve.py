@@ -113,3 +113,12 @@ def test_metrics_use_vllm_v1_names(sim: str) -> None:
     assert 'le="2560.0"' in text and "_created" not in text
     hits = next(line for line in text.splitlines() if line.startswith("vllm:prefix_cache_hits_total"))
     assert float(hits.split()[-1]) >= 48  # the second identical 64-token prompt reused 3 of its 4 blocks
+
+
+def test_the_role_chunk_arrives_with_the_first_token(sim: str) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{sim}/v1/chat/completions", json=body, timeout=30) as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert events[1]["choices"][0]["delta"]["content"].strip()  # the first word right behind it
