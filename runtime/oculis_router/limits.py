@@ -288,7 +288,9 @@ class Verdict:
 
 
 def _money(d: float) -> str:
-    return f"${d:.4f}".rstrip("0").rstrip(".") if d < 1 else f"${d:,.2f}"
+    """Cents always, tenths of a cent and below only when there are some: $0.50, $0.013, $1,234.00."""
+    whole, frac = f"{d:,.6f}".split(".")
+    return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"
 
 
 def rate_headers(counters: Sequence[Counter], states: Sequence[Mapping[int, float]], amounts: Sequence[float],
