@@ -14,7 +14,8 @@ from oculis.base import Model
 from oculis.gpus import GPU_PRODUCTS
 from oculis.router import NAME_PATTERN, Pricing, Provider, Timeouts
 
-GPUProductName = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB", "L40S-48GB"]
+GPUProductName = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H100-PCIe-80GB", "H100-NVL-94GB", "H200-141GB",
+                         "L4-24GB", "L40S-48GB", "A10G-24GB", "B200-180GB"]
 assert set(GPUProductName.__args__) == set(GPU_PRODUCTS)  # type: ignore[attr-defined]
 
 # Kubernetes names of the Deployment/Service we derive ("<name>-vllm") must stay within 63 chars.
@@ -85,6 +86,20 @@ class ModelConfig(Model):
     """Longest context the model supports"""
     dtype_bytes: int = Field(2, ge=1, le=4, description="Bytes per weight of the checkpoint (bf16: 2, fp8: 1)")
     mla_latent_dim: int | None = Field(None, ge=1, description="MLA: kv_lora_rank + qk_rope_head_dim (e.g. 576)")
+    # Optional facts that sharpen the capacity plan (oculis_operator.hfconfig reads them from config.json).
+    tie_word_embeddings: bool = False
+    """The output head shares the embedding matrix (counted once in paramsBillions)"""
+    intermediate_size: int | None = Field(None, ge=1, description="MLP width (intermediate_size), for the "
+                                          "activation peak")
+    num_experts: int | None = Field(None, ge=1, description="MoE: routed experts per layer")
+    num_experts_per_tok: int | None = Field(None, ge=1, description="MoE: experts each token is routed to")
+    moe_intermediate_size: int | None = Field(None, ge=1, description="MoE: width of one expert's MLP")
+    quantization: Literal["fp8", "int8", "awq", "gptq", "w4a16", "nvfp4", "mxfp4"] | None = Field(
+        None, description="Weight format of the checkpoint (its quantization_config): fp8/int8 are 1 byte per "
+        "weight, awq/gptq/w4a16 4 bits plus group scales; embeddings and lm_head stay 16-bit")
+    sliding_window: int | None = Field(None, ge=1, description="Sliding-window attention span in tokens")
+    full_attention_layers: int | None = Field(None, ge=0, description="With slidingWindow: how many layers use "
+                                              "full attention (the rest use the window); unset = none")
 
 
 class Speculative(Model):
@@ -176,6 +191,14 @@ class ProviderPromptCache(Model):
     """Anthropic: cache lifetime, 5m or 1h"""
 
 
+class GPUUpstreamPricing(Pricing):
+    """Dollars per million tokens, and for a self-hosted upstream what its GPUs cost by the hour."""
+
+    gpu_hour_dollars: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="Self-hosted: dollars per GPU-hour (each replica has gpu.count "
+        "GPUs), for `oculis cost report`'s allocation basis; the router never reads it")
+
+
 class GPUUpstreamSpec(Model):
     """A model served by vLLM on a GPU pool (provider vllm), or an external provider."""
 
@@ -211,8 +234,8 @@ class GPUUpstreamSpec(Model):
     """External: the Secret key holding the API key"""
     prompt_cache: ProviderPromptCache | None = None
     """External: provider prompt caching"""
-    pricing: Pricing | None = None
-    """Dollars per million tokens, for the router's cost metrics"""
+    pricing: GPUUpstreamPricing | None = None
+    """Dollars per million tokens, for the router's cost metrics; gpuHourDollars for cost reports"""
     timeouts: Timeouts | None = None
     """How long the router waits on this upstream: connectSeconds, firstByteSeconds (a stream's first
     chunk, a non-streamed answer's headers) and idleSeconds (between chunks); no cap on a whole stream"""

@@ -1,19 +1,26 @@
 """Will this engine configuration fit its GPUs? The KV-cache capacity check, as a pure function.
 
-Follows how vLLM V1 sizes its KV cache (../shared/notes/vllm-engine.md section 2):
-    requested    = total GPU memory x gpuMemoryUtilization
-    available_kv = requested - weights/TP - activation peak - non-torch - CUDA-graph estimate
+Follows how vLLM V1 sizes its KV cache (../shared/notes/vllm-engine.md section 2), with the terms
+checked against real start-up logs (../shared/notes/kv-observed.md):
+    requested    = torch's total device memory x gpuMemoryUtilization
+    available_kv = requested - weights - activation peak - non-torch [- CUDA-graph estimate, >= 0.21]
+    weights      = linear layers at the checkpoint's bytes per weight / TP + embeddings and lm_head at 16 bit / TP
+    activation   = the larger of the dummy forward pass and the dummy sampler run over min(maxNumSeqs,
+                   maxNumBatchedTokens) rows of full-vocabulary fp32 logits (the sampler dominates dense models)
     bytes/token  = 2 x layers x max(1, kv_heads // TP) x head_dim x dtype   (MLA: layers x latent x dtype, not split)
-The overhead terms are estimates; vLLM's own `Available KV cache memory` log line is the truth after
-a rollout. Two refusals, both ERR_OCULIS_KV_CACHE_EXHAUSTED: one `maxModelLen` sequence (or the
-weights) cannot fit; or `maxNumSeqs` sequences of the planned size exceed the cache (a preemption
-storm: vLLM would keep evicting and recomputing).
+    sliding-window layers: vLLM's KV groups (one shared block pool; tokens = concurrency x maxModelLen)
+The overhead terms depend on the vLLM version (taken from the engine image tag) and on TP. vLLM's own
+`Available KV cache memory` log line is the truth after a rollout. Two refusals, both
+ERR_OCULIS_KV_CACHE_EXHAUSTED: one `maxModelLen` sequence (or the weights) cannot fit; or `maxNumSeqs`
+sequences of the planned size exceed the cache (a preemption storm: vLLM would keep evicting and recomputing).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from oculis.gpus import GPUProduct
@@ -21,6 +28,8 @@ from oculis.upstream import Engine, ModelConfig, Traffic
 
 GiB = 1024**3
 BLOCK = 16  # vLLM's default KV block size in tokens
+MLA_BLOCK = 64  # FlashMLA, vLLM's MLA backend on Hopper, needs 64-token blocks
+VOCAB_PADDING = 64  # vLLM pads embedding and lm_head rows to a multiple of 64
 KV_EXHAUSTED = "ERR_OCULIS_KV_CACHE_EXHAUSTED"
 TOKENIZER_MISMATCH = "ERR_OCULIS_TOKENIZER_MISMATCH"
 TP_MISMATCH = "ERR_OCULIS_TENSOR_PARALLEL_HEADS"
@@ -36,10 +45,39 @@ PROFILES: dict[str, dict[str, int]] = {
     # throughput first
     "batch": {"max_num_seqs": 256, "max_num_batched_tokens": 16384, "prompt": 2048, "output": 1024},
 }
-QUANT_BYTES = {"fp8": 1.0, "awq": 0.5, "gptq": 0.5, "compressed-tensors": 1.0}
-ACTIVATION_BYTES_PER_TOKEN_HIDDEN = 24  # dummy-batch peak per scheduled token, per hidden unit (estimate)
-NON_TORCH = int(0.5 * GiB)  # cuBLAS/NCCL buffers; more with tensor parallelism
-CUDA_GRAPHS = 1 * GiB  # vLLM >= 0.20 reserves its CUDA-graph estimate by default
+# Bytes per weight of the linear layers for `engine.quantization` (vLLM's --quantization names).
+# compressed-tensors covers 8- and 4-bit checkpoints; modelConfig.quantization says which.
+_GROUP4 = 0.5 + 2.5 / 128  # 4-bit weights + an fp16 scale and a 4-bit zero per group of 128
+QUANT_BYTES = {"fp8": 1.0, "awq": _GROUP4, "gptq": _GROUP4, "compressed-tensors": 1.0}
+# Bytes per weight of the linear layers for modelConfig.quantization (the checkpoint's format).
+WEIGHT_BYTES = {"fp8": 1.0, "int8": 1.0, "awq": _GROUP4, "gptq": _GROUP4,
+                "w4a16": 0.5 + 2 / 128,  # compressed-tensors pack-quantized: 4 bits + a 16-bit scale per 128
+                "nvfp4": 0.5 + 1 / 16,  # 4 bits + an fp8 scale per 16
+                "mxfp4": 0.5 + 1 / 32}  # 4 bits + an e8m0 scale per 32
+
+# The vLLM version the plan assumes when the image tag says none: the pinned engine image
+# (oculis_operator.engine_args.VLLM_IMAGE; a test keeps the two equal).
+DEFAULT_VLLM = (0, 20)
+# Dummy-sampler peak in units of one fp32 logits matrix (rows x vocabulary x 4 B), net of the kept hidden
+# states. Derived from logged `torch peak memory increase`: 0.11 gives 9.57 (Llama-3.1-8B 4.76 GiB),
+# 9.56 (Qwen3-0.6B 5.56 GiB), 9.57 (gpt-oss-20b 7.38 GiB) and 9.64 (Llama-3.3-70B-FP8 TP2 4.84 GiB)
+# (llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md); 0.19 gives 3.73 (worked case
+# C01, 1.89 GiB). A dense 14B model's 5.6 -> 2.2 GiB between 0.16 and 0.17 (kv-observed pattern 2) is
+# 9.5 -> 3.7 units: the same two constants.
+SAMPLER_UNITS_OLD, SAMPLER_UNITS = 9.6, 3.73
+SAMPLER_DROP = (0, 17)
+# Non-torch memory that grows during the profiled forward pass (cuBLAS workspaces; NCCL and custom
+# all-reduce buffers with TP >= 2). 0.19: 0.25 GiB at TP1, +1.8-2.1 GiB per GPU at TP >= 2 (kv-observed
+# pattern 2; the issue's 0.16-0.19 logs over-promised by that much at TP >= 2). 0.11: 0.13 / 0.55 GiB
+# (llm-d-benchmark, above).
+NON_TORCH_TP1, NON_TORCH_TP = int(0.25 * GiB), int(2.2 * GiB)
+NON_TORCH_TP1_OLD, NON_TORCH_TP_OLD = int(0.13 * GiB), int(0.55 * GiB)
+NON_TORCH_GROWTH = (0, 16)
+# From 0.21 vLLM subtracts its CUDA-graph estimate from the budget by default ("CUDA graph memory
+# profiling is enabled (default since v0.21.0)", LMCache/LMCache#3430); before, the graph pool sits
+# outside the budget. Estimate per decoder layer: C01 estimated 0.84 GiB for 32 layers.
+CUDA_GRAPHS_FROM = (0, 21)
+CUDA_GRAPH_PER_LAYER = int(0.84 * GiB / 32)
 
 
 @dataclass(frozen=True)
@@ -60,22 +98,146 @@ class Plan:
     safe_max_num_seqs: int
     safe_max_model_len: int
     refuse_at_admission: bool  # one sequence or the weights cannot fit: rejectable at apply time
+    # How the budget splits, per GPU (bytes), and what the plan assumed.
+    requested_bytes: int = 0
+    activation_bytes: int = 0
+    non_torch_bytes: int = 0
+    cuda_graph_bytes: int = 0
+    vllm_version: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def kv_bytes_per_token(model: ModelConfig, tp: int, kv_cache_dtype: str = "auto") -> int:
-    """KV-cache bytes one token costs on each GPU."""
-    dtype = 1 if kv_cache_dtype == "fp8" else 2  # auto = the compute dtype (bf16/fp16)
+def vllm_version(image: str | None) -> tuple[int, int] | None:
+    """(major, minor) from an engine image tag such as vllm/vllm-openai:v0.19.1; None when the tag names
+    no version (latest, nightly, a digest only)."""
+    if not image:
+        return None
+    name = image.split("@", 1)[0]
+    tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else ""
+    m = re.match(r"^v?(\d+)\.(\d+)(?:\.\d+)?", tag)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def vllm_defaults(gpu: GPUProduct, version: tuple[int, int] = DEFAULT_VLLM) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) vLLM's OpenAI server picks on this device (vllm-engine 1.1)."""
+    total = gpu.torch_total_bytes
+    if version >= (0, 33) and total >= 160 * GiB:
+        return 1024, 16384
+    if total >= 70 * GiB and "a100" not in gpu.gfd_product.lower():
+        return 1024, 8192
+    return 256, 2048
+
+
+def _kv_dtype_bytes(model: ModelConfig, kv_cache_dtype: str) -> int:
+    if kv_cache_dtype.startswith("fp8"):
+        return 1
+    # auto = the compute dtype: bf16/fp16 (an fp8 checkpoint computes in bf16), fp32 for a 4-byte checkpoint
+    return 4 if model.dtype_bytes == 4 else 2
+
+
+def kv_bytes_per_layer(model: ModelConfig, tp: int, kv_cache_dtype: str = "auto") -> int:
+    """KV-cache bytes one token costs in one attention layer on each GPU."""
+    dtype = _kv_dtype_bytes(model, kv_cache_dtype)
     if model.mla_latent_dim:  # MLA keeps one latent per layer on every rank
-        return model.num_layers * model.mla_latent_dim * dtype
-    return 2 * model.num_layers * max(1, model.num_kv_heads // tp) * model.head_dim * dtype
+        return model.mla_latent_dim * dtype
+    return 2 * max(1, model.num_kv_heads // tp) * model.head_dim * dtype
+
+
+def kv_bytes_per_token(model: ModelConfig, tp: int, kv_cache_dtype: str = "auto") -> int:
+    """KV-cache bytes one token costs on each GPU (every layer as full attention)."""
+    return model.num_layers * kv_bytes_per_layer(model, tp, kv_cache_dtype)
+
+
+def weight_bytes_per_param(model: ModelConfig, quantization: str | None = None) -> float:
+    """Bytes per weight of the linear layers: the checkpoint's format, else the engine's --quantization."""
+    if model.quantization:
+        return WEIGHT_BYTES[model.quantization]
+    if quantization:
+        return QUANT_BYTES.get(quantization, float(model.dtype_bytes))
+    return float(model.dtype_bytes)
 
 
 def weights_bytes_per_gpu(model: ModelConfig, tp: int, quantization: str | None = None) -> int:
-    per_param = QUANT_BYTES.get(quantization or "", model.dtype_bytes)
-    return round(model.params_billions * 1e9 * per_param / tp)
+    """What vLLM's `Model loading took X GiB` reports on each GPU. Quantization covers the linear layers
+    (experts included); the embeddings and lm_head stay 16-bit in vLLM (VocabParallelEmbedding and
+    ParallelLMHead are not quantized); all are split by TP. The rotary cos/sin cache is replicated."""
+    vocab = math.ceil(model.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
+    vocab_matrices = 1 if model.tie_word_embeddings else 2
+    params = model.params_billions * 1e9
+    linear = max(0.0, params - vocab_matrices * model.vocab_size * model.hidden_size)
+    per_param = weight_bytes_per_param(model, quantization)
+    if per_param == 2 or per_param == 4:  # unquantized: every weight at the checkpoint dtype
+        embeddings = vocab_matrices * vocab * model.hidden_size * per_param
+    else:
+        embeddings = vocab_matrices * vocab * model.hidden_size * 2
+    rope = model.max_position_embeddings * model.head_dim * 2  # cos/sin cache in the compute dtype
+    return round((linear * per_param + embeddings) / tp + rope)
+
+
+def activation_bytes(model: ModelConfig, tp: int, n_seqs: int, n_batched: int,
+                     version: tuple[int, int] = DEFAULT_VLLM) -> int:
+    """The torch peak of vLLM's profile run: a dummy forward pass of n_batched tokens split over
+    min(n_seqs, n_batched) requests, then a dummy sampler run over one row of logits per request."""
+    h = model.hidden_size
+    rows = min(n_seqs, n_batched)
+    hidden = n_batched * h * 2  # the forward pass's output, alive through the sampler run
+    units = SAMPLER_UNITS if version >= SAMPLER_DROP else SAMPLER_UNITS_OLD
+    sampler = round(units * rows * model.vocab_size * 4) + hidden
+    # Forward: residual + normed input + the MLP's gate/up output and activation (bf16), per GPU.
+    if model.num_experts and model.moe_intermediate_size:
+        k = model.num_experts_per_tok or 2
+        forward = n_batched * 2 * (3 * h + k * (3 * model.moe_intermediate_size // tp + h)) \
+            + n_batched * model.num_experts * 4  # router logits (fp32)
+    else:
+        inter = model.intermediate_size or int(3.5 * h)  # Llama's ratio when config.json is not at hand
+        forward = n_batched * 2 * (3 * h + 3 * inter // tp)
+    return max(forward, sampler)
+
+
+def non_torch_bytes(tp: int, version: tuple[int, int] = DEFAULT_VLLM) -> int:
+    if version >= NON_TORCH_GROWTH:
+        return NON_TORCH_TP if tp > 1 else NON_TORCH_TP1
+    return NON_TORCH_TP_OLD if tp > 1 else NON_TORCH_TP1_OLD
+
+
+def cuda_graph_bytes(model: ModelConfig, engine: Engine, version: tuple[int, int] = DEFAULT_VLLM) -> int:
+    """The CUDA-graph estimate vLLM subtracts (0 where it does not, or with --enforce-eager)."""
+    if version < CUDA_GRAPHS_FROM or any(a in ("--enforce-eager", "-O0") for a in engine.extra_args):
+        return 0
+    return model.num_layers * CUDA_GRAPH_PER_LAYER
+
+
+def kv_tokens(model: ModelConfig, tp: int, kv_cache_dtype: str, available: int, max_len: int, batched: int,
+              hybrid: bool = True) -> tuple[int, str | None]:
+    """The `GPU KV cache size` vLLM would log for `available` bytes per GPU, and a note when sliding-window
+    layers make it a concurrency figure. vLLM puts layers of one kind in groups of equal size that share
+    one block pool (kv_cache_utils): blocks = available // (page x group size); a request needs
+    cdiv(maxModelLen, block) blocks in a full-attention group and cdiv(min(window - 1 + batched tokens,
+    maxModelLen), block) + 1 in a sliding one; tokens = blocks / blocks-per-request x maxModelLen."""
+    if available <= 0:
+        return 0, None
+    block = MLA_BLOCK if model.mla_latent_dim else BLOCK
+    page = block * kv_bytes_per_layer(model, tp, kv_cache_dtype)
+    window = model.sliding_window
+    n_sliding = model.num_layers - (model.full_attention_layers or 0) if window else 0
+    if not window or not hybrid or n_sliding <= 0 or window >= max_len:
+        return available // (page * model.num_layers) * block, None
+    n_full = model.num_layers - n_sliding
+    counts = [c for c in (n_full, n_sliding) if c > 0]
+    group = min(counts)
+    if max(counts) < group * 1.25:  # nearly equal: one group per kind, padded, rather than many small groups
+        group = max(counts)
+    full_groups, sliding_groups = math.ceil(n_full / group), math.ceil(n_sliding / group)
+    blocks = available // (page * group)
+    per_request = full_groups * math.ceil(max_len / block) \
+        + sliding_groups * (math.ceil(min(window - 1 + batched, max_len) / block) + 1)
+    tokens = int(blocks / per_request * max_len)
+    return tokens, (f"sliding window {window} on {n_sliding} of {model.num_layers} layers: vLLM's KV groups give "
+                    f"{blocks} blocks of {group} layers, {per_request} per request of maxModelLen {max_len}; "
+                    "the token figure is concurrency x maxModelLen, as vLLM logs it")
 
 
 def resolve_engine(engine: Engine | None, traffic: Traffic | None, model: ModelConfig) -> tuple[int, int, int, int]:
@@ -90,39 +252,70 @@ def resolve_engine(engine: Engine | None, traffic: Traffic | None, model: ModelC
     return max_len, seqs, batched, min(per_seq, max_len)
 
 
+def _version_text(version: tuple[int, int] | None) -> tuple[tuple[int, int], str | None]:
+    if version is None:
+        return DEFAULT_VLLM, (f"the engine image names no vLLM version; planned as {DEFAULT_VLLM[0]}."
+                              f"{DEFAULT_VLLM[1]}, the pinned engine")
+    if version < (0, 11):
+        return version, (f"vLLM {version[0]}.{version[1]} predates the V1-only engine this plan models "
+                         "(its overhead grew with maxModelLen); expect a smaller cache than planned")
+    return version, None
+
+
 def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = None,
-         traffic: Traffic | None = None, draft: ModelConfig | None = None, model_name: str = "model") -> Plan:
+         traffic: Traffic | None = None, draft: ModelConfig | None = None, model_name: str = "model",
+         vllm_version: tuple[int, int] | None = DEFAULT_VLLM) -> Plan:
     e = engine or Engine()
+    version, version_note = _version_text(vllm_version)
+    notes = [version_note] if version_note else []
+    if not gpu.torch_total_gib:
+        notes.append(f"torch's total memory for {gpu.key} is unknown; planned from the node label "
+                     f"({gpu.memory_mib} MiB), about 0.5 GiB more than vLLM will see")
     max_len, seqs, batched, per_seq = resolve_engine(engine, traffic, model)
-    total = gpu.memory_bytes
+    total = gpu.torch_total_bytes
     kv_tok = kv_bytes_per_token(model, tp, e.kv_cache_dtype)
     weights = weights_bytes_per_gpu(model, tp, e.quantization)
     spec = e.speculative if e.speculative and e.speculative.enabled else None
+    extra_kv = False  # draft or MTP layers share the block pool: plan them as full-attention layers
     if draft is not None and spec is not None:
         kv_tok += kv_bytes_per_token(draft, tp, e.kv_cache_dtype)
         weights += weights_bytes_per_gpu(draft, tp)
+        extra_kv = True
     elif spec is not None and spec.method == "mtp":  # one extra decoder layer of the target
         kv_tok += kv_bytes_per_token(model, tp, e.kv_cache_dtype) // model.num_layers
+        extra_kv = True
     usable = int(total * e.gpu_memory_utilization)
+    graphs = cuda_graph_bytes(model, e, version)
+    non_torch = non_torch_bytes(tp, version)
+    hybrid = "--disable-hybrid-kv-cache-manager" not in e.extra_args
 
     def overhead_and_budget(n_seqs: int, n_batched: int) -> tuple[int, int]:
         """(runtime overhead, KV budget) in bytes for a batch of n_seqs sequences and n_batched tokens a step."""
-        activation = (n_batched * model.hidden_size * ACTIVATION_BYTES_PER_TOKEN_HIDDEN // tp
-                      + n_seqs * model.vocab_size * 4)
-        overhead = activation + NON_TORCH * (2 if tp > 1 else 1) + CUDA_GRAPHS
+        overhead = activation_bytes(model, tp, n_seqs, n_batched, version) + non_torch + graphs
         return overhead, usable - weights - overhead
 
+    def tokens_for(budget: int, n_batched: int) -> tuple[int, str | None]:
+        if extra_kv:
+            block = MLA_BLOCK if model.mla_latent_dim else BLOCK
+            return max(0, budget) // (kv_tok * block) * block, None
+        return kv_tokens(model, tp, e.kv_cache_dtype, budget, max_len, n_batched, hybrid)
+
     overhead, budget = overhead_and_budget(seqs, batched)
-    tokens = max(0, budget // kv_tok // BLOCK * BLOCK)
+    tokens, group_note = tokens_for(budget, batched)
+    if group_note:
+        notes.append(group_note)
     base: dict[str, Any] = dict(
         gpu_memory_bytes=total, weights_bytes_per_gpu=weights, kv_bytes_per_token=kv_tok, kv_budget_bytes=budget,
         kv_cache_tokens=tokens, max_concurrency=tokens // per_seq if per_seq else 0, tokens_per_seq=per_seq,
         max_model_len=max_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
         safe_max_num_seqs=tokens // per_seq if per_seq else 0,
         safe_max_model_len=min(tokens, model.max_position_embeddings),
+        requested_bytes=usable, activation_bytes=overhead - non_torch - graphs, non_torch_bytes=non_torch,
+        cuda_graph_bytes=graphs, vllm_version=f"{version[0]}.{version[1]}", notes=tuple(notes),
     )
-    where = (f"{model_name} on {gpu.key} x{tp}, gpuMemoryUtilization {e.gpu_memory_utilization}: weights "
-             f"{weights / GiB:.2f} GiB/GPU, overhead ~{overhead / GiB:.2f} GiB, KV {kv_tok} bytes/token/GPU")
+    where = (f"{model_name} on {gpu.key} x{tp}, gpuMemoryUtilization {e.gpu_memory_utilization}, vLLM "
+             f"{version[0]}.{version[1]}: weights {weights / GiB:.2f} GiB/GPU, overhead ~{overhead / GiB:.2f} GiB, "
+             f"KV {kv_tok} bytes/token/GPU")
     if model.num_attention_heads % tp:
         return Plan(False, TP_MISMATCH, f"{TP_MISMATCH}: gpu.count {tp} (tensor-parallel size) must divide the "
                     f"model's {model.num_attention_heads} attention heads, as vLLM requires; use a divisor",
@@ -134,8 +327,8 @@ def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = N
         prof_batched = PROFILES[profile]["max_num_batched_tokens"]
 
         def fits_with(n: int) -> bool:
-            left = overhead_and_budget(n, e.max_num_batched_tokens or max(prof_batched, n))[1]
-            n_tokens = max(0, left // kv_tok // BLOCK * BLOCK)
+            n_batched = e.max_num_batched_tokens or max(prof_batched, n)
+            n_tokens = tokens_for(overhead_and_budget(n, n_batched)[1], n_batched)[0]
             return n_tokens >= max_len and n * per_seq <= n_tokens
 
         safe = largest_true(fits_with, seqs)

@@ -20,31 +20,41 @@ class Entry:
 
 
 def _m(params: float, layers: int, hidden: int, heads: int, kv: int, head_dim: int, vocab: int, max_pos: int,
-       dtype_bytes: int = 2, mla: int | None = None) -> ModelConfig:
-    return ModelConfig(params_billions=params, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                       num_kv_heads=kv, head_dim=head_dim, vocab_size=vocab, max_position_embeddings=max_pos,
-                       dtype_bytes=dtype_bytes, mla_latent_dim=mla)
+       inter: int, tied: bool = False, mla: int | None = None, experts: tuple[int, int, int] | None = None,
+       quantization: str | None = None) -> ModelConfig:
+    moe = dict(zip(("num_experts", "num_experts_per_tok", "moe_intermediate_size"), experts or (None,) * 3,
+                   strict=True))
+    return ModelConfig.model_validate(dict(
+        params_billions=params, num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv,
+        head_dim=head_dim, vocab_size=vocab, max_position_embeddings=max_pos, intermediate_size=inter,
+        tie_word_embeddings=tied, mla_latent_dim=mla, quantization=quantization, **moe))
 
 
+# tests/fixtures/hf-configs holds the config.json files; a test checks every entry against them.
 _LLAMA31 = "HF meta-llama/Llama-3.1-{}/config.json; params from the model card"
 CATALOG: dict[str, Entry] = {
-    "meta-llama/Llama-3.1-8B-Instruct": Entry(_m(8.03, 32, 4096, 32, 8, 128, 128256, 131072), _LLAMA31.format("8B")),
-    "meta-llama/Llama-3.1-70B-Instruct": Entry(_m(70.55, 80, 8192, 64, 8, 128, 128256, 131072),
+    "meta-llama/Llama-3.1-8B-Instruct": Entry(_m(8.03, 32, 4096, 32, 8, 128, 128256, 131072, 14336),
+                                              _LLAMA31.format("8B")),
+    "meta-llama/Llama-3.1-70B-Instruct": Entry(_m(70.55, 80, 8192, 64, 8, 128, 128256, 131072, 28672),
                                                _LLAMA31.format("70B")),
-    "meta-llama/Llama-3.2-1B-Instruct": Entry(_m(1.24, 16, 2048, 32, 8, 64, 128256, 131072),
+    "meta-llama/Llama-3.2-1B-Instruct": Entry(_m(1.24, 16, 2048, 32, 8, 64, 128256, 131072, 8192, tied=True),
                                               "HF meta-llama/Llama-3.2-1B/config.json (tied embeddings)"),
-    "meta-llama/Llama-3.2-3B-Instruct": Entry(_m(3.21, 28, 3072, 24, 8, 128, 128256, 131072),
+    "meta-llama/Llama-3.2-3B-Instruct": Entry(_m(3.21, 28, 3072, 24, 8, 128, 128256, 131072, 8192, tied=True),
                                               "HF meta-llama/Llama-3.2-3B/config.json (tied embeddings)"),
-    "Qwen/Qwen2.5-7B-Instruct": Entry(_m(7.62, 28, 3584, 28, 4, 128, 152064, 32768),
+    "Qwen/Qwen2.5-7B-Instruct": Entry(_m(7.62, 28, 3584, 28, 4, 128, 152064, 32768, 18944),
                                       "HF Qwen/Qwen2.5-7B-Instruct/config.json"),
-    "Qwen/Qwen2.5-0.5B-Instruct": Entry(_m(0.49, 24, 896, 14, 2, 64, 151936, 32768),
-                                        "HF Qwen/Qwen2.5-0.5B-Instruct/config.json"),
-    "Qwen/Qwen3-8B": Entry(_m(8.19, 36, 4096, 32, 8, 128, 151936, 40960), "HF Qwen/Qwen3-8B/config.json"),
-    "Qwen/Qwen3-0.6B": Entry(_m(0.6, 28, 1024, 16, 8, 128, 151936, 40960), "HF Qwen/Qwen3-0.6B/config.json"),
-    "mistralai/Mixtral-8x7B-Instruct-v0.1": Entry(_m(46.7, 32, 4096, 32, 8, 128, 32000, 32768),
+    "Qwen/Qwen2.5-0.5B-Instruct": Entry(_m(0.49, 24, 896, 14, 2, 64, 151936, 32768, 4864, tied=True),
+                                        "HF Qwen/Qwen2.5-0.5B-Instruct/config.json (tied embeddings)"),
+    "Qwen/Qwen3-8B": Entry(_m(8.19, 36, 4096, 32, 8, 128, 151936, 40960, 12288), "HF Qwen/Qwen3-8B/config.json"),
+    "Qwen/Qwen3-0.6B": Entry(_m(0.6, 28, 1024, 16, 8, 128, 151936, 40960, 3072, tied=True),
+                             "HF Qwen/Qwen3-0.6B/config.json (tied embeddings)"),
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": Entry(_m(46.7, 32, 4096, 32, 8, 128, 32000, 32768, 14336,
+                                                     experts=(8, 2, 14336)),
                                                   "HF mistralai/Mixtral-8x7B-Instruct-v0.1/config.json"),
-    # MLA: one latent of kv_lora_rank 512 + qk_rope_head_dim 64 = 576 per layer, not split by TP.
-    "deepseek-ai/DeepSeek-V3": Entry(_m(671, 61, 7168, 128, 128, 128, 129280, 163840, dtype_bytes=1, mla=576),
+    # MLA: one latent of kv_lora_rank 512 + qk_rope_head_dim 64 = 576 per layer, not split by TP. The FP8
+    # checkpoint's embeddings and lm_head are bf16; the MTP layer is not loaded without speculation.
+    "deepseek-ai/DeepSeek-V3": Entry(_m(671, 61, 7168, 128, 128, 192, 129280, 163840, 18432, mla=576,
+                                        experts=(256, 8, 2048), quantization="fp8"),
                                      "HF deepseek-ai/DeepSeek-V3/config.json (FP8 checkpoint, 1 MTP layer)"),
 }
 

@@ -255,8 +255,9 @@ def check(spec: GPUUpstreamSpec) -> capacity.Plan | tuple[str, str]:
         mismatch = capacity.draft_mismatch(model, draft, spec.model, sp.draft_model)
         if mismatch:
             return "TokenizerMismatch", mismatch
+    # The budget terms changed across vLLM releases: plan for the version the engine image runs.
     return capacity.plan(model, gpus.lookup(spec.gpu.product), spec.gpu.count, engine, spec.traffic, draft,
-                         spec.model)
+                         spec.model, vllm_version=capacity.vllm_version(spec.image or engine_args.VLLM_IMAGE))
 
 
 def _report_progress(obs: Observed, existing: dict[str, Any] | None, desired_hash: str, writing: bool,

@@ -32,9 +32,12 @@ def test_kv_bytes_per_token(model: str, tp: int, dtype: str, expected: int) -> N
 
 def test_weights_split_by_tensor_parallelism_and_quantization() -> None:
     m = catalog.lookup(L70)
-    assert capacity.weights_bytes_per_gpu(m, 4) == round(70.55e9 * 2 / 4)
-    assert capacity.weights_bytes_per_gpu(m, 4, "fp8") == round(70.55e9 / 4)
-    assert capacity.weights_bytes_per_gpu(m, 4, "awq") == round(70.55e9 * 0.5 / 4)
+    rope = 131072 * 128 * 2  # the rotary cos/sin cache, replicated on every GPU
+    vocab = 2 * 128256 * 8192  # embeddings and lm_head: 16-bit whatever the linear layers are
+    assert capacity.weights_bytes_per_gpu(m, 4) == round(70.55e9 * 2 / 4) + rope
+    assert capacity.weights_bytes_per_gpu(m, 4, "fp8") == round(((70.55e9 - vocab) + vocab * 2) / 4) + rope
+    awq = capacity.weights_bytes_per_gpu(m, 4, "awq")
+    assert round(((70.55e9 - vocab) * 0.5 + vocab * 2) / 4) + rope < awq < capacity.weights_bytes_per_gpu(m, 4, "fp8")
 
 
 def test_llama_8b_on_h100_fits_with_hundreds_of_thousands_of_tokens() -> None:
@@ -75,7 +78,8 @@ def test_draft_model_layers_and_weights_are_added() -> None:
     eng = Engine(max_model_len=8192, speculative=Speculative(draft_model=L1))
     p = capacity.plan(catalog.lookup(L8), H100, 1, eng, draft=catalog.lookup(L1))
     assert p.kv_bytes_per_token == 131072 + 32768
-    assert p.weights_bytes_per_gpu == round(8.03e9 * 2) + round(1.24e9 * 2)
+    assert p.weights_bytes_per_gpu == (capacity.weights_bytes_per_gpu(catalog.lookup(L8), 1)
+                                       + capacity.weights_bytes_per_gpu(catalog.lookup(L1), 1))
 
 
 def test_tensor_parallel_must_divide_heads() -> None:
