@@ -17,6 +17,7 @@ from typing import Any
 from oculis_router import strictjson
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")  # SSE allows CRLF, LF and CR line ends
+_LINE_END = re.compile(rb"\r\n|\n|\r")
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # one event; an upstream that never ends one must not fill memory
 
 
@@ -71,7 +72,7 @@ class EventGate:
         return rest
 
     def _check(self, event: bytes) -> None:
-        data = [line[5:].removeprefix(b" ") for line in re.split(rb"\r\n|\n|\r", event) if line.startswith(b"data:")]
+        data = [line[5:].removeprefix(b" ") for line in _LINE_END.split(event) if line.startswith(b"data:")]
         if not data:
             return  # a comment (keep-alive) or an `event:`/`id:`/`retry:` line alone
         payload = b"\n".join(data)  # several data lines are one value, joined as SSE readers do
