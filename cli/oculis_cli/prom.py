@@ -107,6 +107,19 @@ class Prometheus:
         before = self.scalar(f"sum({counter_expr})", start) or 0.0
         return max(after - before, 0.0)  # a restart inside the window resets counters: never negative
 
+    def deltas(self, counter_expr: str, by: tuple[str, ...], start: float, end: float) -> dict[tuple[str, ...], float]:
+        """`delta` per label set: how much `sum by (by) (counter_expr)` grew between two instants, keyed
+        by the values of `by` in order. A key born inside the window started at 0; a key whose value fell
+        (its process restarted) counts what it reached since the restart."""
+        group = f"sum by ({', '.join(by)}) ({counter_expr})"
+
+        def at(t: float) -> dict[tuple[str, ...], float]:
+            return {tuple(s.labels.get(k, "") for k in by): s.value for s in self.query(group, t)
+                    if not math.isnan(s.value)}
+
+        before, after = at(start), at(end)
+        return {k: v - before.get(k, 0.0) if v >= before.get(k, 0.0) else v for k, v in after.items()}
+
     def wait_scraped(self, at: float, timeout: float = 15.0) -> bool:
         """Wait until every target has been scraped after unix time `at` (so a delta ending at `at` is
         complete); False if that did not happen within `timeout` seconds."""
