@@ -174,6 +174,14 @@ def weights_bytes_per_gpu(model: ModelConfig, tp: int, quantization: str | None 
     else:
         embeddings = vocab_matrices * vocab * model.hidden_size * 2
     rope = model.max_position_embeddings * model.head_dim * 2  # cos/sin cache in the compute dtype
+    if model.quantization == "mxfp4" and model.num_experts and model.moe_intermediate_size:
+        # MXFP4 checkpoints (gpt-oss) quantize only the experts; attention stays 16-bit. vLLM's MXFP4 MoE
+        # kernels pad the expert width to a multiple of 256 (?): gpt-oss-20b then loads 13.43 GiB, and 0.11
+        # logged 13.47 (llm-d-benchmark empirical-vllm-memory-results.md).
+        width = math.ceil(model.moe_intermediate_size / 256) * 256
+        experts = model.num_layers * model.num_experts * 3 * model.hidden_size
+        rest = max(0.0, linear - experts * model.moe_intermediate_size)
+        return round((experts * width * per_param + rest * 2 + embeddings) / tp + rope)
     return round((linear * per_param + embeddings) / tp + rope)
 
 

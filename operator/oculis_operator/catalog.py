@@ -46,7 +46,7 @@ CATALOG: dict[str, Entry] = {
     "Qwen/Qwen2.5-0.5B-Instruct": Entry(_m(0.49, 24, 896, 14, 2, 64, 151936, 32768, 4864, tied=True),
                                         "HF Qwen/Qwen2.5-0.5B-Instruct/config.json (tied embeddings)"),
     "Qwen/Qwen3-8B": Entry(_m(8.19, 36, 4096, 32, 8, 128, 151936, 40960, 12288), "HF Qwen/Qwen3-8B/config.json"),
-    "Qwen/Qwen3-0.6B": Entry(_m(0.6, 28, 1024, 16, 8, 128, 151936, 40960, 3072, tied=True),
+    "Qwen/Qwen3-0.6B": Entry(_m(0.596, 28, 1024, 16, 8, 128, 151936, 40960, 3072, tied=True),
                              "HF Qwen/Qwen3-0.6B/config.json (tied embeddings)"),
     "mistralai/Mixtral-8x7B-Instruct-v0.1": Entry(_m(46.7, 32, 4096, 32, 8, 128, 32000, 32768, 14336,
                                                      experts=(8, 2, 14336)),
