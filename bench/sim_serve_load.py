@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -30,12 +31,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def rss_mib(pid: int) -> tuple[float, float]:
+def proc_status(pid: int) -> dict[str, str]:
     fields = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             key, _, value = line.partition(":")
             fields[key] = value.strip()
+    return fields
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    fields = proc_status(pid)
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
@@ -84,8 +90,14 @@ def main() -> int:
     port = free_port()
     argv = [sys.executable, "-m", "oculis_cli.main", "sim", "serve", MODEL, "--gpu", "H100-80GB",
             "--max-model-len", "8192", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: os.sched_setaffinity(0, {server_core}))
+    def pin() -> None:
+        # One core for the server; on a shared machine also a higher priority where permitted, so the
+        # figure is the server's own, not its neighbours' (printed below).
+        os.sched_setaffinity(0, {server_core})
+        with contextlib.suppress(PermissionError):
+            os.nice(-10)
+
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, preexec_fn=pin)
     os.sched_setaffinity(0, client_cores)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -96,6 +108,7 @@ def main() -> int:
             except OSError:
                 time.sleep(0.1)
         idle_rss = rss_mib(proc.pid)[0]
+        nice = os.getpriority(os.PRIO_PROCESS, proc.pid)
         t0 = time.monotonic()
         stats = asyncio.run(load(base, args.streams, args.seconds, args.max_tokens))
         elapsed = time.monotonic() - t0
@@ -107,12 +120,15 @@ def main() -> int:
 
         sim = asyncio.run(get("/sim/stats"))
         rss, peak = rss_mib(proc.pid)
+        # how often the OS took the server's core away (other processes on a shared machine)
+        preempted = int(proc_status(proc.pid)["nonvoluntary_ctxt_switches"])
+        loadavg = os.getloadavg()[0]
     finally:
         proc.terminate()
         proc.wait(timeout=10)
     late = sim["lateness_ms"]
     assert isinstance(late, dict)
-    print(f"oculis sim serve (SIMULATED engine) on one core, {args.streams} concurrent streams, "
+    print(f"oculis sim serve (SIMULATED engine) on one core (nice {nice}), {args.streams} concurrent streams, "
           f"{args.max_tokens // 2}-{args.max_tokens * 3 // 2} tokens each, {elapsed:.1f} s")
     print(f"  client: {stats['requests']} streams, {stats['chunks']} chunks "
           f"({stats['chunks'] / elapsed:.0f}/s), usage != words in {stats['mismatch']} streams")
@@ -121,6 +137,8 @@ def main() -> int:
           f"p99.9 {late['p99.9']:.2f} ms, max {late['max']:.2f} ms; {late['share_within_5ms']:.2%} within 5 ms "
           f"(goal: all; {'met' if late['max'] <= 5 else 'NOT met'} at max, "
           f"{'met' if late['p99'] <= 5 else 'NOT met'} at p99)")
+    print(f"  machine: load average {loadavg:.2f} on {os.cpu_count()} CPUs; the server was preempted by the OS "
+          f"{preempted} times (involuntary context switches); on a loaded machine the lateness includes those waits")
     print(f"  server RSS: idle {idle_rss:.0f} MiB, after load {rss:.0f} MiB, peak {peak:.0f} MiB; goal < 150 MiB: "
           f"{'met' if peak < 150 else 'NOT met'}")
     return 0

@@ -48,6 +48,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                    480.0, 960.0, 1920.0, 7680.0)
 LATENESS_SAMPLES = 1 << 18
+SLOW_CLIENT_BYTES = 8 << 20
 
 
 def token_count(text: str) -> int:
@@ -152,7 +153,7 @@ class Stream:
     """One request's client side: where its tokens go and what it has been sent."""
 
     __slots__ = ("arrival", "chat", "created", "done", "finish_reason", "head", "id", "model", "pos", "prompt_len",
-                 "req", "resp", "stream", "tail", "usage", "word0")
+                 "req", "resp", "stream", "tail", "transport", "usage", "word0")
 
     def __init__(self, chat: bool, model: str, stream: bool, resp: web.StreamResponse | None, prompt_len: int,
                  finish_reason: str, usage: bool, arrival: float) -> None:
@@ -170,6 +171,7 @@ class Stream:
         self.word0 = 0
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.req: Request | None = None
+        self.transport: asyncio.Transport | None = None
         # A token chunk is head + words + tail: placeholder words need no JSON escaping, so the hot path
         # (256 streams x every step) only concatenates bytes.
         head, _, tail = self.chunk("\x00").partition(b"\\u0000")
@@ -285,7 +287,7 @@ class SimServer:
                 if first and st.chat:  # vLLM sends the role chunk with the first token, not before it
                     data = st.chunk("", role=True) + data
                 try:
-                    await st.resp.write(data)
+                    await self._send(st, data)
                 except (ConnectionError, RuntimeError):
                     self.core.scheduler.abort(req)
                     if not st.done.done():
@@ -390,6 +392,7 @@ class SimServer:
                 send_headers()
         st = Stream(chat, model, stream, resp, n_prompt, reason, include_usage, arrival)
         st.word0 = word0
+        st.transport = request.transport
         if out > 0:
             req = Request(next(self.seq), n_prompt, out, arrival, block_hashes(toks), st)
             st.req = req
@@ -422,6 +425,22 @@ class SimServer:
         return web.json_response({"id": st.id, "object": "chat.completion" if chat else "text_completion",
                                   "created": st.created, "model": model, "system_fingerprint": FINGERPRINT,
                                   "choices": [choice], "usage": st.usage_obj()})
+
+    @staticmethod
+    async def _send(st: Stream, data: bytes) -> None:
+        """Write without waiting for the client to read: one slow reader must not stall every stream's
+        engine step (aiohttp's write() drains when its buffer passes 64 KiB). A reader more than
+        SLOW_CLIENT_BYTES behind is cut off, as a stuck TCP peer would be."""
+        assert st.resp is not None
+        transport = st.transport
+        if transport is not None and transport.get_write_buffer_size() > SLOW_CLIENT_BYTES:
+            transport.close()
+            raise ConnectionError("client is not reading")
+        writer = getattr(st.resp, "_payload_writer", None)
+        if writer is not None and "drain" in getattr(writer.write, "__kwdefaults__", {}):
+            await writer.write(data, drain=False)
+        else:
+            await st.resp.write(data)
 
     @staticmethod
     async def _safe_write(st: Stream, data: bytes) -> None:
