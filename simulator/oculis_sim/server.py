@@ -516,10 +516,51 @@ def build_app(settings: Settings) -> web.Application:
     return app
 
 
+def startup_lines(s: Settings) -> list[str]:
+    """What vLLM logs at start (the lines tools grep for), marked as simulated."""
+    return [
+        f"oculis sim serve: SIMULATED vLLM engine (oculis-simulator, no GPU): {s.model_name} on {s.gpu.key} x{s.tp}; "
+        f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
+        f"max_model_len {s.max_model_len}",
+        f"INFO (simulated) GPU KV cache size: {s.kv_cache_tokens:,} tokens",
+        f"INFO (simulated) Maximum concurrency for {s.max_model_len:,} tokens per request: "
+        f"{s.kv_cache_tokens / s.max_model_len:.2f}x",
+    ]
+
+
+async def log_stats(sim: SimServer, interval: float = 10.0) -> None:
+    """vLLM's periodic engine line (vllm#37307 wording), while there is traffic."""
+    c = sim.core.counters
+    last = (c.prompt_tokens, c.generation_tokens, c.prefix_queries, c.prefix_hits)
+    while True:
+        await asyncio.sleep(interval)
+        now = (c.prompt_tokens, c.generation_tokens, c.prefix_queries, c.prefix_hits)
+        sched = sim.core.scheduler
+        if now == last and not sched.has_work():
+            continue
+        queries = now[2] - last[2]
+        hit = (now[3] - last[3]) / queries if queries else 0.0
+        print(f"INFO (simulated) Engine 000: Avg prompt throughput: {(now[0] - last[0]) / interval:.1f} tokens/s, "
+              f"Avg generation throughput: {(now[1] - last[1]) / interval:.1f} tokens/s, Running: "
+              f"{len(sched.running)} reqs, Waiting: {len(sched.waiting)} reqs, GPU KV cache usage: "
+              f"{sched.usage():.1%}, Prefix cache hit rate: {hit:.1%}", file=sys.stderr, flush=True)
+        last = now
+
+
 def serve(settings: Settings, host: str, port: int) -> None:
-    s = settings
-    print(f"oculis sim serve: SIMULATED vLLM engine (oculis-simulator, no GPU): {s.model_name} on {s.gpu.key} x{s.tp}; "
-          f"GPU KV cache size: {s.kv_cache_tokens:,} tokens ({s.num_blocks} blocks); max_num_seqs {s.max_num_seqs}, "
-          f"max_num_batched_tokens {s.max_num_batched_tokens}, max_model_len {s.max_model_len}; "
-          f"http://{host}:{port}", file=sys.stderr, flush=True)
-    web.run_app(build_app(settings), host=host, port=port, print=None, access_log=None)
+    for line in startup_lines(settings):
+        print(line, file=sys.stderr, flush=True)
+    app = build_app(settings)
+
+    async def start_logger(app: web.Application) -> None:
+        app["logger"] = asyncio.get_running_loop().create_task(log_stats(app["sim"]))
+
+    async def stop_logger(app: web.Application) -> None:
+        app["logger"].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await app["logger"]
+
+    app.on_startup.append(start_logger)
+    app.on_cleanup.append(stop_logger)
+    print(f"oculis sim serve: listening on http://{host}:{port}", file=sys.stderr, flush=True)
+    web.run_app(app, host=host, port=port, print=None, access_log=None)
