@@ -140,3 +140,24 @@ def test_sim_help_reaches_the_simulators_own_parser(capsys) -> None:  # type: ig
     with pytest.raises(SystemExit) as exc:
         main(["sim", "--help"])
     assert exc.value.code == 0 and "replay" in capsys.readouterr().out
+
+
+def test_engine_spec_decode_counters_keep_vllms_invariants() -> None:
+    from oculis_sim import config
+    from oculis_sim.engine import EngineCore
+    from oculis_sim.scheduler import Request
+    from oculis_sim.specdecode import expected_tokens_per_step
+
+    s = config.resolve(MODEL, "H100-80GB", max_model_len="4096", acceptance_rate=0.6,
+                       speculative_config='{"method": "eagle", "num_speculative_tokens": 3}')
+    core = EngineCore(s)
+    for i in range(8):
+        core.add(Request(i, 50, 400))
+    t = 0.0
+    while core.has_work():
+        t = core.step(t).end
+    c = core.counters
+    assert sum(c.spec_accepted_per_pos) == c.spec_accepted
+    assert c.spec_accepted_per_pos == sorted(c.spec_accepted_per_pos, reverse=True)
+    assert c.spec_draft_tokens <= 3 * c.spec_drafts and c.generation_tokens == 8 * 400
+    assert abs((1 + c.spec_accepted / c.spec_drafts) - expected_tokens_per_step(0.6, 3)) < 0.1
