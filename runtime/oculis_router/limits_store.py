@@ -37,21 +37,26 @@ log = logging.getLogger("oculis.router")
 
 RESERVE_LUA = """
 -- KEYS: one hash per counter (slice -> amount). ARGV: per counter slot, oldest, limit, amount, ttl.
--- Admit only if every counter has room; then add each amount to its slot. Returns {admitted, states},
--- a state being the counter's slices before this request (flat: slot, amount, ...), as strings.
+-- Admit only if every counter has room; then add each amount to its slot. Returns {admitted, states}:
+-- admitted, each counter's {total before, newest slot} (all the headers need: a short reply to parse);
+-- refused, each counter's slices (flat: slot, amount, ...), to say when the request would fit. Strings.
 local admitted = 1
 local states = {}
+local totals = {}
 for i = 1, #KEYS do
   local b = (i - 1) * 5
   local oldest = tonumber(ARGV[b + 2])
   local flat = redis.call('HGETALL', KEYS[i])
   local used = 0
+  local newest = -1
   local kept = {}
   for j = 1, #flat, 2 do
-    if tonumber(flat[j]) < oldest then
+    local slot = tonumber(flat[j])
+    if slot < oldest then
       redis.call('HDEL', KEYS[i], flat[j])
     else
       used = used + tonumber(flat[j + 1])
+      if slot > newest then newest = slot end
       kept[#kept + 1] = flat[j]
       kept[#kept + 1] = flat[j + 1]
     end
@@ -60,6 +65,7 @@ for i = 1, #KEYS do
     admitted = 0
   end
   states[i] = kept
+  totals[i] = {tostring(used), tostring(newest)}
 end
 if admitted == 1 then
   for i = 1, #KEYS do
@@ -67,6 +73,7 @@ if admitted == 1 then
     redis.call('HINCRBYFLOAT', KEYS[i], ARGV[b + 1], ARGV[b + 4])
     redis.call('EXPIRE', KEYS[i], ARGV[b + 5])
   end
+  return {admitted, totals}
 end
 return {admitted, states}
 """
@@ -99,6 +106,9 @@ return out
 
 
 class Backend(Protocol):
+    """`reserve` answers whether all counters had room (and were charged) with their slices before it;
+    when admitted those may be summarised as one slice {newest slot: total}, all the headers read."""
+
     name: str
 
     async def reserve(self, counters: Sequence[L.Counter],
@@ -174,8 +184,9 @@ class RedisBackend:
         for c, a in zip(counters, amounts, strict=True):
             args += [c.slot, c.oldest, repr(c.limit), repr(a), c.ttl_s]
         admitted, states = await self._reserve(keys=[c.key for c in counters], args=args)
-        return bool(int(admitted)), [{int(flat[j]): float(flat[j + 1]) for j in range(0, len(flat), 2)}
-                                     for flat in states]
+        if int(admitted):  # {total, newest slot}: one slice standing for all, as far as headers go
+            return True, [{int(newest): float(total)} if float(total) > 0 else {} for total, newest in states]
+        return False, [{int(flat[j]): float(flat[j + 1]) for j in range(0, len(flat), 2)} for flat in states]
 
     async def settle(self, counters: Sequence[L.Counter], deltas: Sequence[float]) -> list[float]:
         args: list[Any] = []
@@ -246,6 +257,7 @@ class Limiter:
     def __init__(self, backend: Backend, metrics: LimitMetrics, on_backend_error: str) -> None:
         self.backend, self.metrics, self.on_backend_error = backend, metrics, on_backend_error
         self._warned_at = -self.WARN_EVERY_S
+        self._settling: set[asyncio.Task[None]] = set()  # settlements under way (kept: the loop holds weak refs)
 
     def _failed(self, op: str, exc: BaseException) -> None:
         self.metrics.backend_errors.labels(self.backend.name, op).inc()
@@ -305,7 +317,14 @@ class Limiter:
             if c.kind == "budget":
                 self.metrics.budget.observe(c, total)
 
+    def settle_soon(self, ticket: L.Ticket) -> None:
+        task = asyncio.get_running_loop().create_task(self.settle(ticket))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
     async def close(self) -> None:
+        if self._settling:  # what is under way lands before the connection goes
+            await asyncio.wait(self._settling, timeout=5)
         await self.backend.close()
 
 
@@ -339,8 +358,11 @@ class Hold:
         self.ticket.events += chunk.count(b"data:")
 
     async def settle(self) -> None:
+        """Started, not awaited: the answer goes out without waiting on Redis (a round trip saved per
+        request), and a client leaving cannot cancel it. Until it lands the count holds the
+        reservation, which only errs on the side of the limit."""
         if not self.ticket.settled:
-            await asyncio.shield(self.limiter.settle(self.ticket))
+            self.limiter.settle_soon(self.ticket)
 
 
 def prompt_tokens_of(body: Mapping[str, Any]) -> int:
