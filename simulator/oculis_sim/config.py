@@ -193,15 +193,17 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
             f"--gpu-memory-utilization {gpu_memory_utilization}: No available memory for the cache blocks. Try "
             "increasing `gpu_memory_utilization` when initializing the engine (or a larger --gpu, more "
             "--tensor-parallel-size, --quantization)")
+    # One block of the pool is vLLM's null block: a sequence can use the rest.
+    usable = max(0, plan.kv_cache_tokens - capacity.BLOCK)
     if auto_len:
-        length = min(model.max_position_embeddings, plan.kv_cache_tokens)
-    elif plan.kv_cache_tokens < length:
+        length = min(model.max_position_embeddings, usable)
+    elif usable < length:
         need = length * plan.kv_bytes_per_token / GiB
         have = plan.kv_budget_bytes / GiB
         raise SimConfigError(
             f"--max-model-len {length}: To serve at least one request with the model's max seq len ({length}), "
             f"({need:.2f} GiB KV cache is needed, which is larger than the available KV cache memory ({have:.2f} "
-            f"GiB). Based on the available memory, the estimated maximum model length is {plan.kv_cache_tokens}. "
+            f"GiB). Based on the available memory, the estimated maximum model length is {usable}. "
             "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
     return Settings(
         model_name=model_name, served_names=served_names or (model_name,), model=model, gpu=gpu, tp=tp,

@@ -109,6 +109,8 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
                 continue
             break
         res = core.step(t)
+        if not res.plan.scheduled:  # cannot happen while max_model_len fits the cache; never spin on it
+            raise RuntimeError("engine made no progress: a request needs more KV blocks than exist")
         t = res.end
         for req, k in res.emitted:
             rec = recs[req.rid]

@@ -161,3 +161,15 @@ def test_engine_spec_decode_counters_keep_vllms_invariants() -> None:
     assert c.spec_accepted_per_pos == sorted(c.spec_accepted_per_pos, reverse=True)
     assert c.spec_draft_tokens <= 3 * c.spec_drafts and c.generation_tokens == 8 * 400
     assert abs((1 + c.spec_accepted / c.spec_drafts) - expected_tokens_per_step(0.6, 3)) < 0.1
+
+
+def test_the_longest_allowed_sequence_fits_the_blocks_a_sequence_can_use(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from oculis_sim import config, replay, workload
+
+    probe = config.resolve(MODEL, "L4-24GB", max_model_len="auto")
+    # a request of exactly max_model_len tokens runs alone to completion (no spinning on a missing block)
+    res = replay.run(probe, workload.parse({"requests": [{"prompt_tokens": probe.max_model_len - 2,
+                                                          "output_tokens": 2}]}))
+    assert res.summary["requests"] == 1 and res.refused == 0
+    with pytest.raises(config.SimConfigError, match="estimated maximum model length is"):
+        config.resolve(MODEL, "L4-24GB", max_model_len=str(probe.max_model_len + 16))
