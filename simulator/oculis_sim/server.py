@@ -248,6 +248,8 @@ class SimServer:
             # after idling, or if we fell far behind, it starts now.
             start = t if now - t < 0.05 else now
             res = core.step(start)
+            if not res.plan.scheduled:  # cannot happen while max_model_len fits the cache; never spin on it
+                raise RuntimeError("engine made no progress: a request needs more KV blocks than exist")
             t = res.end
             # Writing a step's tokens takes time (~15 us each); start half of it early so the sends
             # straddle the modelled step end instead of all trailing it.
