@@ -19,7 +19,7 @@ import pytest
 import yaml
 from e2e_support import eventually
 from fake_upstreams import free_port
-from router_support import Fakes, start_router
+from router_support import Fakes, RouterHandle, start_router
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 
@@ -271,3 +271,63 @@ def test_redis_restarted_mid_run_loses_no_request(replicas: Replicas, redis: Red
         assert_clean_429(a)
         assert "on_backend_error is deny" in a.body["error"]["message"]  # type: ignore[index]
     assert 'oculis_rate_limited_total{kind="backend_error",route="adaptive"}' in replicas.metrics()
+
+
+# In-process router (memory backend): what counts and what does not.
+
+def tokens_counted(router: RouterHandle) -> float:
+    limiter = router.app.state.holder.current.limiter
+    assert limiter is not None
+    return sum(sum(slices.values()) for key, (_, slices) in limiter.backend._data.items()
+               if ":tokens_per_minute:" in key)
+
+
+def post(router: RouterHandle, body: dict[str, Any], key: str = "sk-one") -> httpx.Response:
+    return httpx.post(router.server.url + "/v1/chat/completions", json=body,
+                      headers={"authorization": f"Bearer {key}"}, timeout=30)
+
+
+def test_a_cache_hit_counts_as_a_request_but_spends_no_tokens(router: RouterHandle, fakes: Fakes) -> None:
+    router.write(fakes.config(limits={"tokens_per_minute": 100, "requests_per_minute": 50}))
+    eventually(lambda: router.app.state.holder.current.limiter is not None, timeout=10, what="limits applied")
+    body = {"model": "adaptive", "max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": PROMPT}]}
+    first = post(router, body)
+    assert first.headers["x-oculis-cache"] == "miss" and first.headers["x-ratelimit-remaining-requests"] == "49"
+    eventually(lambda: tokens_counted(router) == PER_REQUEST, timeout=5, what="the miss settled at its usage")
+    hits = [post(router, body) for _ in range(5)]
+    assert all(h.headers["x-oculis-cache"] == "hit" for h in hits)
+    assert [h.headers["x-ratelimit-remaining-requests"] for h in hits] == ["48", "47", "46", "45", "44"]
+    eventually(lambda: tokens_counted(router) == PER_REQUEST, timeout=5, what="hits settled at nothing")
+
+
+def test_calls_naming_an_upstream_take_the_server_limits(router: RouterHandle, fakes: Fakes) -> None:
+    cfg = fakes.config()
+    cfg["oculis"]["server"] = {"limits": {"requests_per_minute": 2}}
+    router.write(cfg)
+    eventually(lambda: router.app.state.holder.current.limiter is not None, timeout=10, what="limits applied")
+    body = {"model": "llama-8b", "messages": [{"role": "user", "content": PROMPT}]}
+    answers = [post(router, body) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert answers[2].json()["error"]["code"] == "rate_limit_exceeded"
+    assert "this router (server defaults)" in answers[2].json()["error"]["message"]
+    assert post(router, body, key="sk-two").status_code == 200  # per tenant: another key has its own
+
+
+def test_a_stream_the_client_cuts_settles_what_it_relayed_not_its_reservation(router: RouterHandle,
+                                                                              fakes: Fakes) -> None:
+    router.write(fakes.config(limits={"tokens_per_minute": 100_000}))
+    eventually(lambda: router.app.state.holder.current.limiter is not None, timeout=10, what="limits applied")
+    for script in fakes.scripts.values():
+        script.stream_delay = 0.3
+    body = {"model": "adaptive", "max_tokens": 5000, "stream": True,
+            "messages": [{"role": "user", "content": PROMPT}]}
+    with httpx.stream("POST", router.server.url + "/v1/chat/completions", json=body,
+                      headers={"authorization": "Bearer sk-cut"}, timeout=30) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if '"content"' in line:
+                break  # the client leaves after the first words
+    # had it kept its reservation, the count would hold 10 + 5000
+    settled = eventually(lambda: (n := tokens_counted(router)) < 5000 and n, timeout=10,
+                         what="the cut stream settled")
+    assert 10 < settled <= 10 + 5  # its prompt and the few events it relayed
