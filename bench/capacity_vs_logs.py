@@ -85,7 +85,8 @@ def run(case: Case) -> dict[str, object]:
     log = enginelog.StartupLog(available_kv_gib=case.logged_kv_gib, kv_tokens=case.logged_tokens)
     cmp = enginelog.compare(p.kv_cache_tokens, p.kv_budget_bytes, log)
     return {"case": case.name, "role": case.role, "url": case.url, "planned_tokens": cmp.planned_tokens,
-            "logged_tokens": cmp.logged_tokens, "planned_kv_gib": cmp.planned_kv_gib, "logged_kv_gib": cmp.logged_kv_gib,
+            "logged_tokens": cmp.logged_tokens, "planned_kv_gib": cmp.planned_kv_gib,
+            "logged_kv_gib": cmp.logged_kv_gib,
             "error_gib": cmp.error_gib, "error_percent": cmp.error_percent, "within": cmp.within_tolerance,
             "note": "; ".join(filter(None, [case.note, *p.notes]))}
 
