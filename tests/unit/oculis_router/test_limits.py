@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import time
 from typing import Any
 
 import pytest
@@ -281,3 +282,23 @@ def test_nothing_limited_builds_no_limiter() -> None:
     assert not L.limited_anywhere(ServerSettings(), [route()])
     assert L.limited_anywhere(ServerSettings(), [route(budget=Budget(dollars=1))])
     assert L.limited_anywhere(ServerSettings(limits=Limits()), [])
+
+
+def test_the_budget_gauge_shows_a_bounded_number_of_subjects_closest_to_their_budget() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from oculis_router.limits_store import BudgetGauge, LimitMetrics
+
+    reg = CollectorRegistry()
+    m = LimitMetrics.of(reg)
+    assert LimitMetrics.of(reg) is m  # a reload builds a limiter, never a second set of metrics
+    pol = L.Policy(None, "", Budget(dollars=10, period="day"), "adaptive")
+    for i in range(500):  # many tenants: the series stay TOP_N, the ones with the least left
+        who = L.identity_of({"authorization": f"Bearer sk-{i}"}, f"key-{i}")
+        m.budget.observe(L.counters_for(pol, who, "adaptive", time.time())[0], total=i / 100)
+    assert BudgetGauge.TOP_N == 20
+    text = generate_latest(reg).decode()
+    lines = [ln for ln in text.splitlines() if ln.startswith("oculis_budget_remaining_dollars{")]
+    assert len(lines) == 20
+    assert min(float(ln.rsplit(" ", 1)[1]) for ln in lines) == pytest.approx(10 - 4.99)
+    assert all('subject="t-' in ln and "sk-" not in ln for ln in lines)
