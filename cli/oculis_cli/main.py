@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from oculis import __version__
-from oculis_cli import capacity, deps, route, serve
+from oculis_cli import bench, capacity, deps, route, serve
 
 
 class Parser(argparse.ArgumentParser):
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     route.register(sub)
     capacity.register(sub)
     serve.register(sub)
+    bench.register(sub)
     _register_sim(sub)
     return parser
 

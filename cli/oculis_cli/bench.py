@@ -1,0 +1,584 @@
+"""`oculis bench run`: load a route (or any OpenAI-compatible server) with a seeded workload, measure what
+a user sees, join the engines' Prometheus counters over exactly the run window, and judge the run
+against SLOs and a baseline.
+
+The thin shell: arguments, the HTTP load (open-loop arrivals or a fixed concurrency, warm-up excluded,
+in-flight requests drained), Prometheus, progress and output. Decisions live in bench_workload (what
+to send) and bench_stats (metrics, goodput, deltas, verdict). It speaks only OpenAI HTTP and the
+Prometheus API, so it runs unchanged against the simulator, real vLLM and hosted providers.
+
+Exit codes: 0 PASS (or nothing to judge), 3 FAIL, 4 INCONCLUSIVE, 2 bad input, 5 target or Prometheus
+unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from oculis import ConfigError, Pricing
+from oculis_cli.inputs import InputError, finite_float, load_yaml, read_config, read_text
+
+EXIT = {"PASS": 0, None: 0, "FAIL": 3, "INCONCLUSIVE": 4}
+USAGE, UNREACHABLE = 2, 5
+SIM_FINGERPRINT = "oculis-simulator"
+SIM_NOTE = "SIMULATED upstream (oculis-simulator): modelled figures, not measurements of a real engine"
+
+
+class Unreachable(RuntimeError):
+    """The target or Prometheus could not be reached (exit 5)."""
+
+
+def register(sub: Any) -> None:
+    try:  # numpy may be absent (the operator image has no bench extra): `oculis --help` must still work
+        from oculis_cli.bench_workload import BUILTIN
+
+        names, profiles = "|".join(BUILTIN), "; ".join(f"{p.name}: {p.description}" for p in BUILTIN.values())
+    except ImportError:
+        names, profiles = "mixed|chat|rag|batch", "install the bench extra to list them"
+    bench = sub.add_parser("bench", help="benchmark a route: latency, throughput, goodput, cost; compare runs")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="COMMAND")
+    p = bench_sub.add_parser(
+        "run", help="run a seeded workload against a route and judge it (SLOs, --compare baseline)",
+        description="Open-loop (Poisson, --rate) or closed-loop (--concurrency) load; warm-up excluded; "
+        "in-flight requests drained. Exit 0 PASS, 3 FAIL, 4 INCONCLUSIVE, 2 bad input, 5 unreachable. "
+        f"Built-in profiles: {profiles}.")
+    p.add_argument("--route", required=True, help="route (the `model` the router is called with)")
+    p.add_argument("--profile", default="mixed", help=f"{names} or a YAML/JSON file (default mixed)")
+    p.add_argument("--duration", default="60s", help="measured time after the warm-up, e.g. 600s, 10m (default 60s)")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=finite_float, help="open loop: requests per second (default: the profile's)")
+    load.add_argument("--concurrency", type=int, help="closed loop: this many requests always in flight")
+    p.add_argument("--burstiness", type=finite_float, default=1.0,
+                   help="arrival gaps gamma(shape=B): 1 Poisson (default), < 1 bursty")
+    p.add_argument("--warmup", help="sent first and not measured (default 10%% of --duration)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--url", default="http://127.0.0.1:8080", help="router or OpenAI-compatible base URL")
+    p.add_argument("--api-key-env", metavar="VAR", help="send the bearer key held in this environment variable")
+    p.add_argument("--prometheus-url", help="Prometheus scraping the engines: preemptions, spec-decode acceptance, "
+                   "prefix-cache hit share over the run window")
+    p.add_argument("--prometheus-selector", default="", metavar="MATCHERS",
+                   help="label matchers for the engine series, e.g. 'job=\"engines\"'")
+    p.add_argument("--config", type=Path, help="oculis-config.yaml: prices of the upstream that answered")
+    p.add_argument("--pricing", metavar="IN,OUT", help="dollars per million input,output tokens (overrides --config)")
+    p.add_argument("--slo", help="e.g. ttft_p95<1500ms,tpot_p95<60ms,e2e_p99<=5s,error_rate<1%%")
+    p.add_argument("--save", type=Path, metavar="FILE", help="write this run (metrics, workload, samples) as JSON")
+    p.add_argument("--compare", type=Path, metavar="FILE",
+                   help="baseline: an `oculis bench run --save` file or a `vllm bench serve --save-result` file")
+    p.add_argument("--force-compare", action="store_true",
+                   help="judge against a baseline without a workload fingerprint (a vLLM file)")
+    p.add_argument("--tolerance", type=finite_float, default=10.0, metavar="PCT",
+                   help="throughput, goodput or requests/s drop that fails (default 10)")
+    p.add_argument("--latency-tolerance", type=finite_float, default=20.0, metavar="PCT",
+                   help="p50/p95 latency rise that fails, if also above --latency-floor-ms (default 20)")
+    p.add_argument("--latency-floor-ms", type=finite_float, default=5.0)
+    p.add_argument("--min-requests", type=int, default=20, help="fewer succeeded requests: INCONCLUSIVE (default 20)")
+    p.add_argument("--drain-timeout", default="60s", help="how long in-flight requests may finish (default 60s)")
+    p.add_argument("--request-timeout", default="300s", help="one request's limit (default 300s)")
+    p.add_argument("--report", type=Path, metavar="FILE.html", help="self-contained HTML page with plots")
+    p.add_argument("-o", "--output", choices=["table", "json", "yaml", "csv"], default="table")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or lines on stderr")
+    p.set_defaults(run=run)
+
+
+# ---- inputs --------------------------------------------------------------------------------------------
+
+def _pricing(args: argparse.Namespace) -> tuple[dict[str, Pricing], Pricing | None]:
+    if args.pricing is not None:
+        parts = args.pricing.split(",")
+        try:
+            values = [float(x) for x in parts]
+        except ValueError:
+            values = []
+        if len(values) != 2 or not all(math.isfinite(v) and v >= 0 for v in values):
+            raise InputError(f"--pricing {args.pricing!r}: give two non-negative numbers, dollars per million "
+                             "input and output tokens, e.g. 0.15,0.60")
+        return {}, Pricing(input_per_mtok=values[0], output_per_mtok=values[1])
+    if args.config is not None:
+        try:
+            cfg = read_config(args.config)
+        except ConfigError as exc:
+            raise InputError(str(exc).splitlines()[0]) from None
+        return {u.name: u.pricing for u in cfg.upstreams}, None
+    return {}, None
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+    from oculis_cli import bench_stats, bench_workload
+
+    duration = bench_workload.parse_duration(args.duration)
+    if duration <= 0:
+        raise InputError(f"--duration {args.duration!r} is zero; give a positive duration such as 60s")
+    warmup = (bench_workload.parse_duration(args.warmup, "--warmup") if args.warmup is not None
+              else round(duration * 0.1, 3))
+    profile = bench_workload.load_profile(args.profile)
+    if args.rate is not None and args.rate <= 0:
+        raise InputError(f"--rate {args.rate:g} is not positive; give requests per second > 0")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise InputError(f"--concurrency {args.concurrency} is below 1; give at least 1")
+    if args.burstiness <= 0:
+        raise InputError(f"--burstiness {args.burstiness:g} is not positive; 1 is Poisson, 0.5 bursty")
+    if args.api_key_env is not None and args.api_key_env not in os.environ:
+        raise InputError(f"--api-key-env {args.api_key_env}: not set in this environment; export it first")
+    for flag, value in (("--tolerance", args.tolerance), ("--latency-tolerance", args.latency_tolerance),
+                        ("--latency-floor-ms", args.latency_floor_ms)):
+        if value < 0:
+            raise InputError(f"{flag} {value:g} is negative; give a value >= 0")
+    if not args.url.startswith(("http://", "https://")):
+        raise InputError(f"--url {args.url!r} is not an http(s) URL; give e.g. http://127.0.0.1:8080")
+    slos = bench_stats.parse_slos(args.slo) if args.slo is not None else []
+    baseline = None
+    if args.compare is not None:
+        path = str(args.compare)
+        baseline = bench_stats.read_baseline(load_yaml(read_text(args.compare, "--compare"), f"--compare {path}"),
+                                             path)
+    by_upstream, flat = _pricing(args)
+    wl = bench_workload.plan(profile, seed=args.seed, route=args.route, duration_s=duration, warmup_s=warmup,
+                             rate=args.rate, concurrency=args.concurrency, burstiness=args.burstiness)
+    return {"duration": duration, "warmup": warmup, "drain": bench_workload.parse_duration(args.drain_timeout,
+                                                                                        "--drain-timeout"),
+            "timeout": bench_workload.parse_duration(args.request_timeout, "--request-timeout"),
+            "slos": slos, "baseline": baseline, "prices": by_upstream, "flat_price": flat, "workload": wl,
+            "profile": profile}
+
+
+# ---- the load ------------------------------------------------------------------------------------------
+
+class Progress:
+    """A rich progress bar on a terminal; a plain line every 5 s when stderr is piped; nothing if off."""
+
+    def __init__(self, total_s: float, enabled: bool, stream: TextIO = sys.stderr) -> None:
+        self.total, self.stream, self.enabled = total_s, stream, enabled
+        self.tty = enabled and stream.isatty()
+        self.last = 0.0
+        self.bar: Any = None
+        if self.tty:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("bench"), BarColumn(), TextColumn("{task.description}"),
+                                TimeRemainingColumn(), transient=True)
+            self.task = self.bar.add_task("", total=total_s)
+            self.bar.start()
+
+    def update(self, elapsed: float, sent: int, done: int, inflight: int, phase: str) -> None:
+        text = f"{phase}: {sent} sent, {done} done, {inflight} in flight"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=min(elapsed, self.total), description=text)
+        elif self.enabled and elapsed - self.last >= 5:
+            self.last = elapsed
+            print(f"oculis bench run: {elapsed:5.0f}s/{self.total:.0f}s {text}", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+async def _one(client: Any, route: str, req: Any, result: Any, t0: float, timeout: float) -> None:
+    import httpx
+
+    loop = asyncio.get_running_loop()
+    body = {"model": route, "messages": req.messages, "max_tokens": req.max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
+    sent = loop.time()
+    result.sent_s = sent - t0
+    last = None
+    chunks = 0
+    usage: dict[str, Any] | None = None
+    try:
+        async with asyncio.timeout(timeout), client.stream("POST", "/v1/chat/completions", json=body) as resp:
+            result.upstream = resp.headers.get("x-oculis-upstream")
+            result.simulated = resp.headers.get("x-oculis-simulated") == "true"
+            if resp.status_code != 200:
+                await resp.aread()
+                result.error = f"http_{resp.status_code}"
+                return
+            finished = False
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    finished = True
+                    break
+                chunk = json.loads(data)
+                if not isinstance(chunk, dict) or "error" in chunk:
+                    result.error = "stream_error"
+                    return
+                if chunk.get("system_fingerprint") == SIM_FINGERPRINT:
+                    result.simulated = True
+                if isinstance(chunk.get("usage"), dict):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    if delta.get("content") or choice.get("text"):
+                        now = loop.time()
+                        if last is None:
+                            result.ttft_s = now - sent
+                        else:
+                            result.itl_s.append(now - last)
+                        last = now
+                        chunks += 1
+            if not finished:
+                result.error = "stream_cut"  # the body ended without [DONE]
+                return
+    except TimeoutError:
+        result.error = "timeout"
+        return
+    except httpx.TimeoutException:
+        result.error = "timeout"
+        return
+    except httpx.TransportError:
+        result.error = "connection"
+        return
+    except ValueError:  # a data line that is not JSON
+        result.error = "bad_stream"
+        return
+    result.e2e_s = loop.time() - sent
+    result.ok = True
+    from oculis_router.usage import Usage
+
+    u = Usage.parse(usage)
+    result.output_tokens = u.completion if u is not None else chunks
+    result.prompt_tokens = u.prompt if u is not None else 0
+    result.cached_tokens = u.cached if u is not None else 0
+    result.usage = u  # priced after the run, in one place
+
+
+async def _load(inp: dict[str, Any], args: argparse.Namespace,
+                progress: Progress) -> tuple[list[Any], dict[str, float]]:
+    import httpx
+
+    from oculis_cli.bench_stats import RequestResult
+
+    wl = inp["workload"]
+    warmup, duration = inp["warmup"], inp["duration"]
+    headers = {}
+    if args.api_key_env:
+        headers["authorization"] = f"Bearer {os.environ[args.api_key_env]}"
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1000)
+    results: list[RequestResult] = []
+    tasks: set[asyncio.Task[None]] = set()
+    loop = asyncio.get_running_loop()
+    async with httpx.AsyncClient(base_url=args.url, headers=headers, limits=limits,
+                                 timeout=httpx.Timeout(inp["timeout"], connect=10)) as client:
+        t0 = loop.time()
+        wall0 = time.time()
+        end = t0 + warmup + duration
+
+        def spawn(i: int, scheduled: float | None) -> asyncio.Task[None]:
+            r = RequestResult(index=i, sent_s=loop.time() - t0, scheduled_s=scheduled)
+            r.warmup = r.sent_s < warmup
+            results.append(r)
+            task = asyncio.create_task(_one(client, args.route, wl.requests[i % len(wl.requests)], r, t0,
+                                            inp["timeout"]))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            return task
+
+        async def ticker() -> None:
+            while True:
+                now = loop.time()
+                done = sum(1 for r in results if r.ok or r.error)
+                progress.update(now - t0, len(results), done, len(tasks), "warm-up" if now - t0 < warmup
+                                else "measuring" if now < end else "draining")
+                await asyncio.sleep(0.25)
+
+        tick = asyncio.create_task(ticker())
+        try:
+            if wl.arrivals is not None:
+                for i, due in enumerate(wl.arrivals):
+                    delay = t0 + due - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    spawn(i, due)
+            else:
+                counter = iter(range(10**12))
+
+                async def worker() -> None:
+                    while loop.time() < end:
+                        await spawn(next(counter), None)
+
+                await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+            sent_end = loop.time()
+            pending = set(tasks)
+            if pending:
+                _, left = await asyncio.wait(pending, timeout=inp["drain"])
+                for task in left:
+                    task.cancel()
+                if left:
+                    await asyncio.wait(left)
+        finally:
+            tick.cancel()
+        for r in results:
+            if not r.ok and r.error is None:
+                r.cancelled = True
+        measured_done = [r.sent_s + r.e2e_s for r in results if not r.warmup and r.ok and r.e2e_s is not None]
+        last = max(measured_done, default=sent_end - t0)
+        return results, {"wall_start": wall0, "wall_measure_start": wall0 + warmup,
+                         "wall_end": wall0 + last, "window_s": max(last - warmup, 1e-6),
+                         "send_window_s": max(min(sent_end - t0, warmup + duration) - warmup, 1e-6)}
+
+
+def _preflight(args: argparse.Namespace) -> None:
+    """Unreachable target: Unreachable (exit 5). A route the server does not list: InputError (exit 2)."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {os.environ[args.api_key_env]}"} if args.api_key_env else {}
+    try:
+        resp = httpx.get(f"{args.url.rstrip('/')}/v1/models", headers=headers, timeout=10)
+    except httpx.HTTPError as exc:
+        raise Unreachable(f"--url {args.url}: target unreachable ({type(exc).__name__}: {exc}); start the router "
+                          "or give the right --url") from None
+    if resp.status_code != 200:
+        return  # some providers hide the list; the run itself will say what is wrong
+    try:
+        ids = [m.get("id") for m in resp.json().get("data", [])]
+    except (ValueError, AttributeError):
+        return
+    if ids and args.route not in ids:
+        shown = ", ".join(str(i) for i in ids[:10])
+        raise InputError(f"--route {args.route!r}: {args.url} does not serve it (it serves: {shown}); give one of "
+                         "those")
+
+
+def _server_metrics(args: argparse.Namespace, window: dict[str, float]) -> dict[str, Any]:
+    from oculis_cli.prom import PromError, Prometheus
+
+    sel = args.prometheus_selector.strip().strip("{}")
+    braces = f"{{{sel}}}" if sel else ""
+    try:
+        with Prometheus(args.prometheus_url) as prom:
+            complete = prom.wait_scraped(window["wall_end"])
+            start, end = window["wall_measure_start"], window["wall_end"]
+
+            def d(name: str) -> float | None:
+                return prom.delta(f"{name}{braces}", start, end)
+
+            pre = d("vllm:num_preemptions_total")
+            acc, drafts = d("vllm:spec_decode_num_accepted_tokens_total"), d("vllm:spec_decode_num_draft_tokens_total")
+            hits, queries = d("vllm:prefix_cache_hits_total"), d("vllm:prefix_cache_queries_total")
+    except PromError as exc:
+        raise Unreachable(str(exc)) from None
+    return {"window": {"start": start, "end": end}, "complete": complete, "preemptions": pre,
+            "spec_decode_acceptance": acc / drafts if acc is not None and drafts else None,
+            "prefix_cache_hit_share": hits / queries if hits is not None and queries else None,
+            "source": f"Prometheus {args.prometheus_url}, counter deltas over the measured window"}
+
+
+# ---- output --------------------------------------------------------------------------------------------
+
+def _fmt(v: Any, nd: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}"
+    return str(v)
+
+
+def _rows(doc: dict[str, Any]) -> list[tuple[str, Any, Any, Any, Any, str]]:
+    """(metric, baseline, current, change, change %, status) for the table and CSV."""
+    from oculis_cli.bench_stats import get
+
+    cur, base, deltas = doc["current"], doc.get("baseline"), doc.get("delta") or {}
+    keys = ["throughput_tok_s", "requests_per_s", "goodput_rps", "goodput_share",
+            *[f"{m}_ms.{s}" for m in ("ttft", "tpot", "itl", "e2e") for s in ("p50", "p95", "p99")],
+            "errors", "error_rate", "cost_per_1k_requests"]
+    out = []
+    for k in keys:
+        d = deltas.get(k, {})
+        out.append((k, get(base, k) if base else None, get(cur, k), d.get("change"), d.get("change_pct"),
+                    d.get("status", "")))
+    return out
+
+
+def render_table(doc: dict[str, Any], out: TextIO) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from oculis_cli.bench_stats import FORMULAS
+
+    console = Console(file=out, width=120, highlight=False, soft_wrap=True)
+    cur, wl = doc["current"], doc["workload"]
+    if doc["simulated"]:
+        console.print(SIM_NOTE)
+    load = wl["load"]
+    req = cur["requests"]
+    console.print(f"route {wl['route']}, profile {wl['profile']} (dataset {wl['dataset_hash']}, seed {wl['seed']}, "
+                  f"fingerprint {doc['workload_hash']}), {wl['duration_s']:g}s measured after {wl['warmup_s']:g}s "
+                  f"warm-up, " + (f"concurrency {load['concurrency']}" if "concurrency" in load else
+                                  f"{load['rate']:g} req/s requested (burstiness {load['burstiness']:g})"))
+    if cur.get("achieved_rate") is not None and "rate" in load:
+        lag = cur.get("send_lag_ms") or {}
+        console.print(f"achieved {cur['achieved_rate']:.2f} req/s sent, send lag p99 {_fmt(lag.get('p99'))} ms")
+    console.print(f"requests: {req['succeeded']} succeeded, {req['failed']} failed, {req['cancelled']} cancelled "
+                  f"(not drained), {req['warmup_excluded']} warm-up excluded")
+    for w in doc.get("warnings", []):
+        console.print(f"warning: {w}")
+    table = Table(show_edge=False, pad_edge=False)
+    compare = doc.get("baseline") is not None
+    for col in ("metric", *(("baseline",) if compare else ()), "current", *(("delta", "") if compare else ())):
+        table.add_column(col, justify="left" if col in ("metric", "") else "right")
+    for k, b, c, ch, pct, status in _rows(doc):
+        if c is None and b is None:
+            continue
+        nd = 3 if k in ("goodput_share", "error_rate", "cost_per_1k_requests") else 1
+        cells = [k, *([_fmt(b, nd)] if compare else []), _fmt(c, nd)]
+        if compare:
+            cells += ["-" if ch is None else f"{ch:+,.{nd}f}" + ("" if pct is None else f" ({pct:+.1f}%)"), status]
+        table.add_row(*cells)
+    console.print(table)
+    console.print("formulas: " + "; ".join(f"{k} = {v}" for k, v in FORMULAS.items()))
+    if cur.get("errors_by_kind"):
+        console.print("errors by kind: " + ", ".join(f"{k} {v}" for k, v in cur["errors_by_kind"].items()))
+    if cur.get("cost_per_1k_requests") is None:
+        console.print(f"cost: {doc.get('cost_note', 'not priced')}")
+    srv = cur.get("server")
+    if srv:
+        console.print(f"engine (Prometheus deltas over the run window): preemptions {_fmt(srv['preemptions'], 0)}, "
+                      f"spec-decode acceptance {_fmt(srv['spec_decode_acceptance'], 3)}, prefix-cache hit share "
+                      f"{_fmt(srv['prefix_cache_hit_share'], 3)}")
+    for s in doc.get("slos", []):
+        console.print(f"SLO {s['slo']}: observed {_fmt(s['observed'])} -> "
+                      f"{'met' if s['met'] else 'MISSED' if s['met'] is False else 'not measured'}")
+    verdict = doc["verdict"]
+    reasons = [r for r in doc["reasons"] if r]
+    console.print(f"verdict: {verdict or 'none'}" + (f": {reasons[0]}" if reasons else "")
+                  + (" (simulated)" if doc["simulated"] else ""))
+    for r in reasons[1:]:
+        console.print(f"  also: {r}")
+
+
+def render_csv(doc: dict[str, Any], out: TextIO) -> None:
+    w = csv.writer(out)
+    w.writerow(["metric", "baseline", "current", "change", "change_pct", "status", "verdict", "simulated"])
+    for row in _rows(doc):
+        w.writerow([*("" if v is None else v for v in row), doc["verdict"] or "", str(doc["simulated"]).lower()])
+
+
+# ---- the command ---------------------------------------------------------------------------------------
+
+def run(args: argparse.Namespace, stdout: TextIO = sys.stdout) -> int:
+    try:
+        return _run(args, stdout)
+    except InputError as exc:
+        print(f"oculis bench run: {exc}", file=sys.stderr)
+        return USAGE
+    except Unreachable as exc:
+        print(f"oculis bench run: {exc}", file=sys.stderr)
+        return UNREACHABLE
+    except ImportError as exc:
+        print(f"oculis bench run: error: a library is missing ({exc}); install it with `pip install -e "
+              "'.[bench,router]'` from an Oculis checkout", file=sys.stderr)
+        return USAGE
+
+
+def _run(args: argparse.Namespace, stdout: TextIO) -> int:
+    from oculis_cli import bench_stats
+    from oculis_router.usage import cost_dollars
+
+    inp = _inputs(args)
+    _preflight(args)
+    if args.prometheus_url:
+        from oculis_cli.prom import PromError, Prometheus
+
+        try:
+            with Prometheus(args.prometheus_url) as prom:
+                prom.ready()
+        except PromError as exc:
+            raise Unreachable(str(exc)) from None
+    wl = inp["workload"]
+    progress = Progress(inp["warmup"] + inp["duration"], enabled=not args.no_progress)
+    try:
+        results, window = asyncio.run(_load(inp, args, progress))
+    finally:
+        progress.close()
+    measured = [r for r in results if not r.warmup]
+    if measured and all(r.error == "connection" for r in measured):
+        raise Unreachable(f"--url {args.url}: every request failed to connect; is the router still running?")
+    cost_note = "not priced: give --config (the router's config) or --pricing IN,OUT"
+    for r in results:
+        u = r.usage
+        price = inp["flat_price"] or (inp["prices"].get(r.upstream) if r.upstream else None)
+        if r.ok and price is not None:
+            from oculis_router.usage import Usage
+
+            r.cost = cost_dollars(price, u if u is not None else Usage(r.prompt_tokens, r.output_tokens, 0, 0))
+    if inp["prices"] and any(r.ok and r.cost is None for r in measured):
+        cost_note = "not priced: some answers came from an upstream without pricing in --config"
+    current = bench_stats.summarize(results, window["window_s"], slos=inp["slos"], requested_rate=args.rate or (
+        None if args.concurrency else inp["profile"].rate), send_window_s=window["send_window_s"])
+    warnings = []
+    if args.concurrency is None and current["achieved_rate"] is not None:
+        lag = (current.get("send_lag_ms") or {}).get("p99") or 0.0
+        requested = current["requested_rate"] or 0.0
+        expected = sum(1 for t in wl.arrivals or [] if t >= inp["warmup"]) / inp["duration"]
+        if lag > 50 or current["achieved_rate"] < 0.9 * expected:
+            warnings.append(f"the load generator lagged: achieved {current['achieved_rate']:.2f} req/s of "
+                            f"{requested:g} requested ({expected:.2f} scheduled), send lag p99 {lag:.0f} ms; the "
+                            "figures understate the load; use a faster client machine or a lower --rate")
+    if args.prometheus_url:
+        current["server"] = _server_metrics(args, window)
+        if not current["server"]["complete"]:
+            warnings.append("Prometheus had not scraped every target after the run ended; engine deltas may "
+                            "miss the last seconds")
+    tol = bench_stats.Tolerances(throughput_pct=args.tolerance, latency_pct=args.latency_tolerance,
+                                 latency_floor_ms=args.latency_floor_ms, min_requests=args.min_requests)
+    slo_results = bench_stats.check_slos(current, inp["slos"])
+    baseline, base_fp = inp["baseline"] if inp["baseline"] else (None, None)
+    if baseline is not None and base_fp is None and args.force_compare:
+        base_fp = wl.fingerprint  # the user vouches that the workloads match
+    deltas = bench_stats.delta(baseline, current, tol) if baseline is not None else None
+    verdict, reasons = bench_stats.verdict(current, wl.fingerprint, slo_results, baseline, base_fp, deltas, tol)
+    simulated = bool(current["simulated"] or (baseline or {}).get("simulated"))
+    doc: dict[str, Any] = {
+        "schema_version": 1, "verdict": verdict, "reasons": [r for r in reasons if r], "simulated": simulated,
+        "note": SIM_NOTE if simulated else None, "target": args.url, "workload": wl.fingerprint,
+        "workload_hash": wl.fingerprint_hash, "current": current, "baseline": baseline, "delta": deltas,
+        "slos": slo_results, "warnings": warnings,
+        "cost_note": None if current["cost_per_1k_requests"] is not None else cost_note,
+    }
+    if args.save is not None:
+        _write(args.save, json.dumps({**doc, "samples": _samples(results)}, indent=1) + "\n", "--save")
+    if args.report is not None:
+        from oculis_cli.bench_report import html
+
+        base_samples = None
+        if args.compare is not None:
+            raw = json.loads(read_text(args.compare, "--compare"))
+            base_samples = raw.get("samples") if isinstance(raw, dict) else None
+        _write(args.report, html(doc, _samples(results), base_samples), "--report")
+    if args.output == "json":
+        stdout.write(json.dumps(doc, indent=2) + "\n")
+    elif args.output == "yaml":
+        import yaml
+
+        stdout.write(yaml.safe_dump(doc, sort_keys=False))
+    elif args.output == "csv":
+        render_csv(doc, stdout)
+    else:
+        render_table(doc, stdout)
+    return EXIT[verdict]
+
+
+def _samples(results: list[Any]) -> dict[str, list[float]]:
+    ok = [r for r in results if r.ok and not r.warmup]
+    return {"ttft_ms": [round(r.ttft_s * 1000, 3) for r in ok if r.ttft_s is not None],
+            "e2e_ms": [round(r.e2e_s * 1000, 3) for r in ok if r.e2e_s is not None],
+            "done_s": [round(r.sent_s + (r.e2e_s or 0), 3) for r in ok],
+            "output_tokens": [r.output_tokens for r in ok]}
+
+
+def _write(path: Path, text: str, flag: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot write: {exc.strerror}") from None
+

@@ -1,0 +1,359 @@
+"""Benchmark arithmetic, pure: per-request samples -> metrics, SLO expressions -> goodput and gates, and
+baseline vs current -> delta per metric and one verdict (PASS / FAIL / INCONCLUSIVE) naming its reason.
+
+Metric names and formulas follow vLLM's `bench serve` (so a `--save-result` file can be the baseline):
+  ttft  = first content chunk - send (client side)
+  tpot  = (e2e - ttft) / (output tokens - 1), per request; requests with <= 1 output token have none
+  itl   = gaps between content chunks, pooled over all requests
+  e2e   = last byte - send (vLLM's e2el)
+  throughput_tok_s = output tokens of the measured requests / the measured window
+Percentiles are numpy's linear ones (vLLM's). Goodput counts a request good when it succeeded and met
+every per-request latency SLO; errors count as bad, cancelled (not drained in time) are left out of both
+sides (GuideLLM's and AIPerf's denominators): goodput_share = good / (succeeded + failed).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from oculis_cli.inputs import InputError
+
+PERCENTILES = (50, 90, 95, 99)
+LATENCY = ("ttft", "tpot", "itl", "e2e")
+FORMULAS = {
+    "ttft_ms": "first content chunk - send",
+    "tpot_ms": "(e2e - ttft) / (output tokens - 1), per request",
+    "itl_ms": "gap between content chunks, pooled",
+    "e2e_ms": "last byte - send",
+    "throughput_tok_s": "output tokens / measured window",
+    "goodput_rps": "requests meeting every SLO / measured window",
+}
+
+
+@dataclass(slots=True)
+class RequestResult:
+    index: int
+    sent_s: float  # seconds from the run's start
+    scheduled_s: float | None = None  # open loop: when it was due (lag = sent - scheduled)
+    ok: bool = False
+    error: str | None = None  # kind: http_429, http_5xx, timeout, connection, stream_error, ...
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    upstream: str | None = None
+    cost: float | None = None
+    warmup: bool = False  # sent before the warm-up ended: not measured
+    cancelled: bool = False  # still in flight when the drain timed out: neither good nor bad
+    simulated: bool = False
+    usage: Any = None  # the upstream's usage (oculis_router.usage.Usage), priced after the run
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.ok or self.ttft_s is None or self.e2e_s is None or self.output_tokens <= 1:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+# ---- SLOs ------------------------------------------------------------------------------------------------
+
+_SLO = re.compile(r"^\s*([a-z][a-z0-9_]*?)(?:_(p\d{1,2}(?:\.\d+)?|mean|max))?\s*(<=|>=|<|>)\s*"
+                  r"(\d+(?:\.\d+)?)\s*(ms|s|%)?\s*$")
+_AGGREGATE = {"throughput_tok_s", "requests_per_s", "goodput_rps", "goodput_share", "error_rate",
+              "cost_per_1k_requests"}
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    metric: str  # ttft / tpot / itl / e2e, or an aggregate name
+    stat: str | None  # p95, mean, max for latency metrics
+    op: str
+    value: float  # ms for latency, a fraction for error_rate and goodput_share
+    text: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.metric}_{self.stat}" if self.stat else self.metric
+
+    def holds(self, observed: float) -> bool:
+        return {"<": observed < self.value, "<=": observed <= self.value, ">": observed > self.value,
+                ">=": observed >= self.value}[self.op]
+
+    def per_request(self) -> bool:
+        """Latency SLOs also judge each request (its own ttft, tpot, e2e) for goodput."""
+        return self.metric in LATENCY and self.op in ("<", "<=")
+
+
+def parse_slos(text: str) -> list[Slo]:
+    """`ttft_p95<1500ms,itl_p95<60ms,e2e_p99<=5s,error_rate<1%,throughput_tok_s>=500`; InputError naming the
+    bad term and the form otherwise."""
+    out: list[Slo] = []
+    hint = ("write METRIC[_pNN|_mean|_max] OP VALUE[ms|s|%], e.g. ttft_p95<1500ms,e2e_p99<=5s,error_rate<1%; "
+            f"metrics: {', '.join(LATENCY)} (with a percentile) or {', '.join(sorted(_AGGREGATE))}")
+    for term in text.split(","):
+        if not term.strip():
+            continue
+        m = _SLO.match(term)
+        if not m:
+            raise InputError(f"--slo {term.strip()!r} is not an SLO; {hint}")
+        metric, stat, op, number, unit = m.groups()
+        value = float(number)
+        if metric in LATENCY:
+            if stat is None:
+                raise InputError(f"--slo {term.strip()!r}: say which statistic, e.g. {metric}_p95{op}{number}"
+                                 f"{unit or 'ms'}")
+            if unit not in ("ms", "s"):
+                raise InputError(f"--slo {term.strip()!r}: a latency needs a unit, ms or s (e.g. {value:g}ms)")
+            value = value * 1000 if unit == "s" else value
+        elif metric in _AGGREGATE and stat is None:
+            if unit in ("ms", "s"):
+                raise InputError(f"--slo {term.strip()!r}: {metric} is not a time; drop the unit {unit!r}")
+            if metric in ("error_rate", "goodput_share"):
+                value = value / 100 if unit == "%" else value
+            elif unit == "%":
+                raise InputError(f"--slo {term.strip()!r}: {metric} is not a share; drop the %")
+        else:
+            raise InputError(f"--slo {term.strip()!r}: unknown metric {m.group(1) + ('_' + stat if stat else '')!r}; "
+                             f"{hint}")
+        out.append(Slo(metric, stat, op, value, term.strip()))
+    if not out:
+        raise InputError(f"--slo {text!r} is empty; {hint}")
+    return out
+
+
+def _good(r: RequestResult, slos: list[Slo]) -> bool:
+    if not r.ok:
+        return False
+    for s in slos:
+        if not s.per_request():
+            continue
+        per_req = {"ttft": r.ttft_s, "e2e": r.e2e_s, "tpot": r.tpot_s, "itl": r.tpot_s}[s.metric]
+        if per_req is not None and not s.holds(per_req * 1000):  # none (<= 1 token): nothing to miss
+            return False
+    return True
+
+
+# ---- metrics ---------------------------------------------------------------------------------------------
+
+def _dist(values_s: list[float]) -> dict[str, float | None]:
+    if not values_s:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
+    arr = np.asarray(values_s) * 1000.0
+    qs = np.percentile(arr, PERCENTILES)
+    return {"mean": float(arr.mean()), **{f"p{p}": float(q) for p, q in zip(PERCENTILES, qs, strict=True)}}
+
+
+def summarize(results: list[RequestResult], window_s: float, *, slos: list[Slo] | None = None,
+              requested_rate: float | None = None, send_window_s: float | None = None) -> dict[str, Any]:
+    """The metrics of the measured requests (warm-up excluded) over the measured window (seconds)."""
+    slos = slos or []
+    measured = [r for r in results if not r.warmup]
+    done = [r for r in measured if not r.cancelled]
+    ok = [r for r in done if r.ok]
+    failed = [r for r in done if not r.ok]
+    window = max(window_s, 1e-9)
+    by_kind: dict[str, int] = {}
+    for r in failed:
+        by_kind[r.error or "unknown"] = by_kind.get(r.error or "unknown", 0) + 1
+    good = sum(1 for r in done if _good(r, slos))
+    costs = [r.cost for r in ok if r.cost is not None]
+    lags = [r.sent_s - r.scheduled_s for r in measured if r.scheduled_s is not None]
+    sent_rate = len(measured) / send_window_s if send_window_s else None
+    out: dict[str, Any] = {
+        "duration_s": window_s,
+        "requests": {"measured": len(measured), "succeeded": len(ok), "failed": len(failed),
+                     "cancelled": len(measured) - len(done), "warmup_excluded": len(results) - len(measured)},
+        "throughput_tok_s": sum(r.output_tokens for r in ok) / window,
+        "requests_per_s": len(ok) / window,
+        "requested_rate": requested_rate,
+        "achieved_rate": sent_rate,
+        "send_lag_ms": _dist(lags) if lags else None,
+        "ttft_ms": _dist([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "tpot_ms": _dist([t for r in ok if (t := r.tpot_s) is not None]),
+        "itl_ms": _dist([g for r in ok for g in r.itl_s]),
+        "e2e_ms": _dist([r.e2e_s for r in ok if r.e2e_s is not None]),
+        "input_tokens": sum(r.prompt_tokens for r in ok),
+        "output_tokens": sum(r.output_tokens for r in ok),
+        "cached_prompt_tokens": sum(r.cached_tokens for r in ok),
+        "errors": len(failed),
+        "errors_by_kind": dict(sorted(by_kind.items())),
+        "error_rate": len(failed) / len(done) if done else 0.0,
+        "goodput_rps": good / window,
+        "goodput_share": good / len(done) if done else None,
+        "goodput_basis": "request-level latency SLOs (" + (", ".join(s.text for s in slos if s.per_request())
+                                                            or "none given: every success is good") + ")",
+        "cost_per_1k_requests": (sum(costs) / len(costs) * 1000) if costs and len(costs) == len(ok) else None,
+        "simulated": any(r.simulated for r in ok),
+    }
+    return out
+
+
+def get(metrics: dict[str, Any], key: str) -> float | None:
+    """A metric by flat name: `throughput_tok_s`, `ttft_ms.p95`, `ttft_p95` (the SLO spelling)."""
+    m = re.fullmatch(r"(ttft|tpot|itl|e2e)_(p\d+|mean|max)", key)
+    if m:
+        key = f"{m.group(1)}_ms.{m.group(2)}"
+    node: Any = metrics
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return float(node) if isinstance(node, int | float) and not isinstance(node, bool) else None
+
+
+def check_slos(metrics: dict[str, Any], slos: list[Slo]) -> list[dict[str, Any]]:
+    out = []
+    for s in slos:
+        observed = get(metrics, s.key)
+        out.append({"slo": s.text, "observed": observed,
+                    "met": None if observed is None else s.holds(observed)})
+    return out
+
+
+# ---- compare ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    key: str
+    better: str  # "higher" or "lower"
+    kind: str  # "throughput", "latency", "errors", "cost", or "info" (reported, never fails)
+
+
+GATES = (
+    Gate("throughput_tok_s", "higher", "throughput"), Gate("requests_per_s", "higher", "throughput"),
+    Gate("goodput_rps", "higher", "throughput"),
+    Gate("ttft_ms.p50", "lower", "latency"), Gate("ttft_ms.p95", "lower", "latency"),
+    Gate("ttft_ms.p99", "lower", "info"),
+    Gate("tpot_ms.p50", "lower", "latency"), Gate("tpot_ms.p95", "lower", "latency"),
+    Gate("itl_ms.p95", "lower", "info"),
+    Gate("e2e_ms.p50", "lower", "latency"), Gate("e2e_ms.p95", "lower", "latency"),
+    Gate("e2e_ms.p99", "lower", "info"),
+    Gate("error_rate", "lower", "errors"), Gate("cost_per_1k_requests", "lower", "cost"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerances:
+    throughput_pct: float = 10.0  # a drop of more than this fails
+    latency_pct: float = 20.0  # a rise of more than this fails ...
+    latency_floor_ms: float = 5.0  # ... and of more than this many ms (tiny absolute moves are noise)
+    error_rate_pp: float = 1.0  # percentage points
+    cost_pct: float = 10.0
+    min_requests: int = 20  # fewer succeeded requests in either run: too few to tell
+
+
+def delta(baseline: dict[str, Any], current: dict[str, Any], tol: Tolerances) -> dict[str, dict[str, Any]]:
+    """Per gated metric: baseline, current, change, change_pct and status (ok / improved / regressed /
+    info), direction-aware: for `lower` metrics a rise is worse."""
+    out: dict[str, dict[str, Any]] = {}
+    for g in GATES:
+        b, c = get(baseline, g.key), get(current, g.key)
+        if b is None or c is None:
+            continue
+        change = c - b
+        pct = (change / b * 100) if b else (0.0 if change == 0 else math.copysign(math.inf, change))
+        worse = change < 0 if g.better == "higher" else change > 0
+        if g.kind == "throughput":
+            beyond = -pct > tol.throughput_pct
+        elif g.kind == "latency":
+            beyond = pct > tol.latency_pct and change > tol.latency_floor_ms
+        elif g.kind == "errors":
+            beyond = change * 100 > tol.error_rate_pp
+        elif g.kind == "cost":
+            beyond = pct > tol.cost_pct
+        else:
+            beyond = False
+        status = "info" if g.kind == "info" else ("regressed" if worse and beyond else
+                                                  "improved" if not worse and change != 0 else "ok")
+        limit = {"throughput": f"-{tol.throughput_pct:g}%", "latency": f"+{tol.latency_pct:g}% and "
+                 f"+{tol.latency_floor_ms:g}ms", "errors": f"+{tol.error_rate_pp:g}pp",
+                 "cost": f"+{tol.cost_pct:g}%"}.get(g.kind)
+        out[g.key] = {"baseline": b, "current": c, "change": change,
+                      "change_pct": None if math.isinf(pct) else pct, "better": g.better, "status": status,
+                      "limit": limit}
+    return out
+
+
+FINGERPRINT_FIELDS = ("profile", "dataset_hash", "seed", "route", "duration_s", "warmup_s", "load")
+
+
+def verdict(current: dict[str, Any], fingerprint: dict[str, Any], slo_results: list[dict[str, Any]],
+            baseline: dict[str, Any] | None, baseline_fingerprint: dict[str, Any] | None,
+            deltas: dict[str, dict[str, Any]] | None, tol: Tolerances) -> tuple[str | None, list[str]]:
+    """(verdict, reasons, the binding one first). None when there is nothing to judge (no --slo and no
+    --compare). INCONCLUSIVE beats FAIL only for the comparison: a missed SLO fails on its own."""
+    reasons: list[str] = []
+    failed = [r for r in slo_results if r["met"] is False]
+    unmeasured = [r for r in slo_results if r["met"] is None]
+    reasons += [f"SLO {r['slo']} missed: observed {r['observed']:.4g}" for r in failed]
+    inconclusive: list[str] = [f"SLO {r['slo']}: not measured in this run" for r in unmeasured]
+    if baseline is not None:
+        if baseline_fingerprint is None:
+            inconclusive.append("the baseline has no workload fingerprint (not an `oculis bench run --save` "
+                                "file); rerun the baseline with --save, or pass --force-compare")
+        else:
+            diff = [k for k in FINGERPRINT_FIELDS if baseline_fingerprint.get(k) != fingerprint.get(k)]
+            if diff:
+                inconclusive.append("workload mismatch: " + ", ".join(
+                    f"{k} {baseline_fingerprint.get(k)!r} vs {fingerprint.get(k)!r}" for k in diff)
+                    + "; rerun with the baseline's profile, seed, route, duration and load")
+        if bool(baseline.get("simulated")) != bool(current.get("simulated")):
+            inconclusive.append("one run is simulated and the other is not; compare like with like")
+        for name, m in (("baseline", baseline), ("current", current)):
+            n = int(get(m, "requests.succeeded") or get(m, "completed") or 0)
+            if n < tol.min_requests:
+                inconclusive.append(f"the {name} run has {n} succeeded requests (< --min-requests "
+                                    f"{tol.min_requests}); run longer or at a higher rate")
+        if deltas:
+            for key, d in deltas.items():
+                if d["status"] == "regressed":
+                    pct = "" if d["change_pct"] is None else f" ({d['change_pct']:+.1f}%)"
+                    reasons.append(f"{key} {d['baseline']:.4g} -> {d['current']:.4g}{pct}, limit {d['limit']}")
+    if failed:
+        return "FAIL", reasons + inconclusive
+    if inconclusive:
+        return "INCONCLUSIVE", inconclusive + reasons
+    if reasons:
+        return "FAIL", reasons
+    if baseline is None and not slo_results:
+        return None, ["no --compare and no --slo: nothing to judge"]
+    return "PASS", ["every SLO met" if slo_results else "", "no metric regressed beyond its limit"
+                    if baseline is not None else ""]
+
+
+# ---- baselines -------------------------------------------------------------------------------------------
+
+def from_vllm(data: dict[str, Any]) -> dict[str, Any]:
+    """Metrics from a `vllm bench serve --save-result` file, in this module's names."""
+    def dist(name: str) -> dict[str, float | None]:
+        out: dict[str, float | None] = {"mean": data.get(f"mean_{name}_ms")}
+        for p in PERCENTILES:
+            v = data.get(f"p{p}_{name}_ms")
+            out[f"p{p}"] = data.get(f"median_{name}_ms") if v is None and p == 50 else v
+        return out
+
+    completed, failed = int(data.get("completed") or 0), int(data.get("failed") or 0)
+    return {"duration_s": data.get("duration"), "throughput_tok_s": data.get("output_throughput"),
+            "requests_per_s": data.get("request_throughput"), "goodput_rps": data.get("request_goodput"),
+            "ttft_ms": dist("ttft"), "tpot_ms": dist("tpot"), "itl_ms": dist("itl"), "e2e_ms": dist("e2el"),
+            "requests": {"succeeded": completed, "failed": failed}, "errors": failed,
+            "error_rate": failed / (completed + failed) if completed + failed else 0.0,
+            "cost_per_1k_requests": None, "simulated": False, "source": "vllm bench serve --save-result"}
+
+
+def read_baseline(data: Any, path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(metrics, workload fingerprint or None) from an `oculis bench run --save` file or a vLLM one."""
+    if isinstance(data, dict) and isinstance(data.get("current"), dict):
+        fp = data.get("workload")
+        return data["current"], fp if isinstance(fp, dict) else None
+    if isinstance(data, dict) and "output_throughput" in data and "request_throughput" in data:
+        return from_vllm(data), None
+    raise InputError(f"--compare {path}: neither an `oculis bench run --save` file (no 'current') nor a "
+                     "`vllm bench serve --save-result` file (no 'output_throughput'); give one of those")
