@@ -56,8 +56,9 @@ def parse(text: str) -> StartupLog:
     if m := _ARGS.search(text):
         try:
             args = ast.literal_eval(m.group(1))
-        except (ValueError, SyntaxError):
-            args = {}
+        except (ValueError, SyntaxError):  # a value that is no literal (an enum repr): read the simple pairs
+            args = {k: ast.literal_eval(v) for k, v in re.findall(r"'(\w+)': ('[^']*'|[\d.]+|True|False)",
+                                                                   m.group(1))}
         if isinstance(args, dict):
             for key, name in (("model", "model"), ("tensor_parallel_size", "tensor_parallel"),
                               ("max_model_len", "max_model_len"), ("gpu_memory_utilization", "gpu_memory_utilization"),
@@ -66,6 +67,8 @@ def parse(text: str) -> StartupLog:
                               ("enforce_eager", "enforce_eager")):
                 if args.get(key) is not None:
                     fields[name] = args[key]
+    if "model" not in fields and (m := re.search(r"with config: model='([^']+)'", text)):
+        fields["model"] = m.group(1)
     for key, value in _CONFIG_KV.findall(text):  # the engine's resolved config line fills what args left out
         value = value.strip("'\"")
         if key == "tensor_parallel_size" and "tensor_parallel" not in fields:

@@ -28,6 +28,12 @@ NOT_MODELLED = {"mamba", "mamba2", "jamba", "falcon_h1", "nemotron_h", "zamba2",
 # Model types whose HF config class ties the output head to the embeddings unless told otherwise.
 TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text"}
 # vLLM's --dtype auto serves a float32 checkpoint in 16 bit (it downcasts), so every dtype is 2 bytes served.
+# Values a config.json may leave out because the model's HF config class supplies them.
+CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072, "sliding_window_pattern": 6,
+                    "tie_word_embeddings": True, "num_key_value_heads": 16, "head_dim": 256},
+    "gemma2": {"vocab_size": 256000, "max_position_embeddings": 8192, "tie_word_embeddings": True},
+}
 DTYPE_BYTES = {"float32": 2, "float": 2, "bfloat16": 2, "float16": 2, "half": 2}
 
 
@@ -158,7 +164,22 @@ def params(cfg: dict[str, Any], source: str) -> float:
         mlp = sparse * moe_mlp + (layers - sparse) * dense_mlp
     else:
         mlp = layers * dense_mlp
-    return float(total + layers * (attn + 2 * h) + mlp)
+    return float(total + layers * (attn + 2 * h) + mlp + vision_params(cfg))
+
+
+def vision_params(cfg: dict[str, Any]) -> int:
+    """A multimodal checkpoint's vision tower (ViT: attention 4 h^2 + MLP 2 h x I per layer) and its
+    projector to the text width; vLLM loads it with the language model."""
+    vision = cfg.get("vision_config")
+    if not isinstance(vision, dict):
+        return 0
+    vh = _opt(vision, "hidden_size")
+    layers = _opt(vision, "num_hidden_layers", "depth")
+    if not vh or not layers:
+        return 0
+    inter = _opt(vision, "intermediate_size") or 4 * vh
+    text_h = _opt(cfg, "hidden_size") or vh
+    return layers * (4 * vh * vh + 2 * vh * inter) + vh * text_h
 
 
 def from_dict(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
@@ -166,8 +187,11 @@ def from_dict(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
     text = raw.get("text_config")
     if "num_hidden_layers" not in raw and isinstance(text, dict):  # multimodal wrappers (Gemma 3, Llava...)
         cfg = {**text, "quantization_config": raw.get("quantization_config"),
-               "model_type": text.get("model_type", raw.get("model_type"))}
+               "model_type": text.get("model_type", raw.get("model_type")), "vision_config": raw.get("vision_config"),
+               "tie_word_embeddings": text.get("tie_word_embeddings", raw.get("tie_word_embeddings"))}
+        cfg = {k: v for k, v in cfg.items() if v is not None}
     model_type = str(cfg.get("model_type", ""))
+    cfg = {**CLASS_DEFAULTS.get(model_type, {}), **cfg}
     if model_type in NOT_MODELLED or cfg.get("attn_type_list") or cfg.get("layers_block_type"):
         raise HFConfigError(f"{source}: model_type {model_type!r} keeps per-request state that is not attention KV "
                             "pages (Mamba / linear / chunked attention); the capacity plan does not model it and gives "

@@ -176,3 +176,28 @@ def test_every_gpu_product_has_a_torch_total_below_its_label() -> None:
     assert capacity.vllm_defaults(gpus.lookup("A100-80GB")) == (256, 2048)  # "a100" in the name: small tier
     assert capacity.vllm_defaults(H100) == (1024, 8192)
     assert capacity.vllm_defaults(gpus.lookup("B200-180GB"), (0, 33)) == (1024, 16384)
+
+
+def test_multimodal_config_reads_the_text_config_class_defaults_and_vision_tower() -> None:
+    gemma3 = hf("gemma-3-27b-it")  # text_config omits vocab_size, max_position_embeddings, the 5:1 pattern
+    assert (gemma3.vocab_size, gemma3.max_position_embeddings, gemma3.tie_word_embeddings) == (262208, 131072, True)
+    assert (gemma3.sliding_window, gemma3.full_attention_layers) == (1024, 10)
+    assert gemma3.params_billions == pytest.approx(27.4, abs=0.1)  # the model card's 27.4B includes SigLIP
+
+
+def test_startup_log_parser_reads_what_real_logs_print() -> None:
+    from oculis_operator import enginelog
+
+    text = ("(EngineCore_DP0 pid=7) INFO 03-01 10:00:00 [core.py:77] Initializing a V1 LLM engine (v0.17.1) with "
+            "config: model='Qwen/Qwen3-8B', speculative_config=None, max_seq_len=16384, tensor_parallel_size=2, "
+            "quantization=fp8, enforce_eager=False, kv_cache_dtype=fp8_e4m3, device_config=cuda\n"
+            "(APIServer pid=1) INFO non-default args: {'model': 'Qwen/Qwen3-8B', 'compilation_config': "
+            "CompilationConfig(level=3), 'max_num_seqs': 256}\n"
+            "(Worker_TP0 pid=9) INFO Available KV cache memory: 61.2 GiB\n"
+            "(EngineCore_DP0 pid=7) INFO GPU KV cache size: 1,234,560 tokens\n")
+    log = enginelog.parse(text)
+    assert (log.version, log.model, log.tensor_parallel, log.max_model_len) == ((0, 17), "Qwen/Qwen3-8B", 2, 16384)
+    assert (log.quantization, log.kv_cache_dtype, log.max_num_seqs) == ("fp8", "fp8_e4m3", 256)
+    assert (log.available_kv_gib, log.kv_tokens) == (61.2, 1_234_560)
+    v0 = enginelog.parse("INFO distributed_gpu_executor.py:45] # GPU blocks: 507, # CPU blocks: 1024")
+    assert v0.kv_tokens == 507 * 16
