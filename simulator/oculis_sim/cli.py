@@ -51,6 +51,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help='e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' or {"model": ..., ...}')
     p.add_argument("--acceptance-rate", type=float, metavar="A",
                    help="per-position draft acceptance probability (default by method)")
+    p.add_argument("--num-gpu-blocks-override", type=int, metavar="N",
+                   help="KV blocks of 16 tokens, instead of what the memory plan gives (vLLM's flag)")
     _flag_bool(p)
     p.add_argument("--served-model-name", nargs="+", metavar="NAME")
     p.add_argument("--seed", type=int, default=0)
@@ -68,7 +70,8 @@ def settings_from(args: argparse.Namespace) -> config.Settings:
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
         quantization=args.quantization, prefix_caching=args.prefix_caching,
         speculative_config=args.speculative_config, acceptance_rate=args.acceptance_rate,
-        served_names=tuple(args.served_model_name or ()), seed=args.seed)
+        served_names=tuple(args.served_model_name or ()), seed=args.seed,
+        num_gpu_blocks_override=args.num_gpu_blocks_override)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -107,7 +107,8 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
             max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
             max_model_len: str | None = None, gpu_memory_utilization: float = 0.92, kv_cache_dtype: str = "auto",
             quantization: str | None = None, prefix_caching: bool = True, speculative_config: str | None = None,
-            acceptance_rate: float | None = None, served_names: tuple[str, ...] = (), seed: int = 0) -> Settings:
+            acceptance_rate: float | None = None, served_names: tuple[str, ...] = (), seed: int = 0,
+            num_gpu_blocks_override: int | None = None) -> Settings:
     if not gpu_name:
         raise SimConfigError("--gpu: missing; name the GPU product to simulate (e.g. --gpu H100-80GB, or set "
                              "OCULIS_SIM_GPU)")
@@ -193,8 +194,13 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
             f"--gpu-memory-utilization {gpu_memory_utilization}: No available memory for the cache blocks. Try "
             "increasing `gpu_memory_utilization` when initializing the engine (or a larger --gpu, more "
             "--tensor-parallel-size, --quantization)")
+    kv_tokens = plan.kv_cache_tokens
+    if num_gpu_blocks_override is not None:  # vLLM's testing knob: the pool size, whatever memory says
+        if num_gpu_blocks_override < 2:
+            raise SimConfigError(f"--num-gpu-blocks-override {num_gpu_blocks_override}: must be at least 2")
+        kv_tokens = num_gpu_blocks_override * capacity.BLOCK
     # One block of the pool is vLLM's null block: a sequence can use the rest.
-    usable = max(0, plan.kv_cache_tokens - capacity.BLOCK)
+    usable = max(0, kv_tokens - capacity.BLOCK)
     if auto_len:
         length = min(model.max_position_embeddings, usable)
     elif usable < length:
@@ -210,7 +216,7 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
         max_num_seqs=seqs, max_num_batched_tokens=tokens, max_model_len=length,
         gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_dtype, quantization=quantization,
         prefix_caching=prefix_caching, spec=spec, draft=draft, acceptance_rate=alpha,
-        num_blocks=plan.kv_cache_tokens // capacity.BLOCK, kv_cache_tokens=plan.kv_cache_tokens,
+        num_blocks=kv_tokens // capacity.BLOCK, kv_cache_tokens=kv_tokens,
         weights_bytes_per_gpu=plan.weights_bytes_per_gpu, kv_bytes_per_token=plan.kv_bytes_per_token, seed=seed)
 
 

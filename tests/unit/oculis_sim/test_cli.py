@@ -173,3 +173,14 @@ def test_the_longest_allowed_sequence_fits_the_blocks_a_sequence_can_use(tmp_pat
     assert res.summary["requests"] == 1 and res.refused == 0
     with pytest.raises(config.SimConfigError, match="estimated maximum model length is"):
         config.resolve(MODEL, "L4-24GB", max_model_len=str(probe.max_model_len + 16))
+
+
+def test_num_gpu_blocks_override_sets_the_pool_and_a_small_pool_preempts(capsys, workload) -> None:  # type: ignore[no-untyped-def]
+    argv = ["sim", "replay", "--model", MODEL, "--gpu", "H100-80GB", "--max-model-len", "2048", "--workload",
+            str(workload), "-o", "json"]
+    assert main([*argv, "--num-gpu-blocks-override", "200"]) == 0
+    small = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    big = json.loads(capsys.readouterr().out)
+    assert small["kv_blocks"] == 200 and small["preemptions"] > 0 and big["preemptions"] == 0
+    assert small["requests"] == big["requests"]
