@@ -248,20 +248,30 @@ class LimitMetrics:
         return found
 
 
+class NotTried(ConnectionError):
+    """The store failed a moment ago, so this call was not made."""
+
+
 class Limiter:
     """Admits and settles requests against the policy of the config in force (passed per call, so a
     reload changes limits without losing counts: they live in the backend, kept across reloads)."""
 
     WARN_EVERY_S = 10.0
+    # After a failure the store is left alone this long: an unreachable Redis (packets dropped, not
+    # refused) would otherwise cost every request its socket timeout.
+    BACK_OFF_S = 1.0
 
     def __init__(self, backend: Backend, metrics: LimitMetrics, on_backend_error: str) -> None:
         self.backend, self.metrics, self.on_backend_error = backend, metrics, on_backend_error
         self._warned_at = -self.WARN_EVERY_S
+        self._down_until = 0.0
         self._settling: set[asyncio.Task[None]] = set()  # settlements under way (kept: the loop holds weak refs)
 
     def _failed(self, op: str, exc: BaseException) -> None:
         self.metrics.backend_errors.labels(self.backend.name, op).inc()
         now = time.monotonic()
+        if not isinstance(exc, NotTried):  # a real failure: only that starts (or extends) the pause
+            self._down_until = now + self.BACK_OFF_S
         if now - self._warned_at >= self.WARN_EVERY_S:
             self._warned_at = now
             log.warning("rate limiter store (%s) failed on %s, %s: %s: %s", self.backend.name, op,
@@ -282,6 +292,8 @@ class Limiter:
         res = L.reservation(body, prompt_tokens, server.limiter.reserve_max_tokens, prices)
         amounts = [L.amount(c, res) for c in counters]
         try:
+            if time.monotonic() < self._down_until:
+                raise NotTried(f"failed less than {self.BACK_OFF_S:g} s ago; not tried")
             admitted, states = await self.backend.reserve(counters, amounts)
         except asyncio.CancelledError:
             raise

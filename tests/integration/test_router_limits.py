@@ -238,7 +238,6 @@ def test_redis_restarted_mid_run_loses_no_request(replicas: Replicas, redis: Red
         redis.kill()
         out += await flood(replicas.urls, "sk-steady", 60, 10)  # down: on_backend_error allow (the default)
         await asyncio.to_thread(redis.start)
-        await asyncio.sleep(0.5)
         out += await flood(replicas.urls, "sk-steady", 60, 10)
         return out
 
@@ -248,10 +247,13 @@ def test_redis_restarted_mid_run_loses_no_request(replicas: Replicas, redis: Red
     text = replicas.metrics()
     assert "oculis_limiter_backend_errors_total" in text and 'op="reserve"' in text
     assert "error_500" not in text
-    # counting again after the restart (the scripts reloaded into the new, empty Redis)
-    after = subprocess.run(["redis-cli", "-p", str(redis.port), "--scan", "--pattern", "oculis:rl:*"],
-                           capture_output=True, text=True).stdout.split()
-    assert after, "nothing counted after Redis came back"
+    # counting again once Redis is back (the scripts reloaded into the new, empty server)
+    def counted_again() -> bool:
+        assert all(a.status == 200 for a in asyncio.run(flood(replicas.urls, "sk-steady", 2, 2)))
+        return bool(subprocess.run(["redis-cli", "-p", str(redis.port), "--scan", "--pattern", "oculis:rl:*"],
+                                   capture_output=True, text=True).stdout.split())
+
+    eventually(counted_again, timeout=30, what="requests counted in the restarted Redis")
     logs = [p.read_text() for p in replicas.logs]
     for log in logs:  # one warning per interval, not one per request
         assert 1 <= log.count("rate limiter store (redis) failed") <= 3, log[-2000:]

@@ -302,3 +302,48 @@ def test_the_budget_gauge_shows_a_bounded_number_of_subjects_closest_to_their_bu
     assert len(lines) == 20
     assert min(float(ln.rsplit(" ", 1)[1]) for ln in lines) == pytest.approx(10 - 4.99)
     assert all('subject="t-' in ln and "sk-" not in ln for ln in lines)
+
+
+class DownBackend:
+    name = "redis"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def reserve(self, counters: Any, amounts: Any) -> Any:
+        self.calls += 1
+        raise ConnectionError("Connection refused")
+
+    async def settle(self, counters: Any, deltas: Any) -> Any:
+        raise AssertionError("nothing was counted, so nothing is settled")
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("policy", ["allow", "deny"])
+def test_a_store_that_is_down_is_answered_per_on_backend_error_and_left_alone_a_moment(policy: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from oculis_router.limits_store import Limiter, LimitMetrics
+
+    async def run() -> list[str]:
+        be = DownBackend()
+        lim = Limiter(be, LimitMetrics.of(CollectorRegistry()), policy)
+        server = ServerSettings(limits=Limits(requests_per_minute=10))
+        seen = []
+        for _ in range(5):
+            try:
+                hold = await lim.admit(server, None, "up", ALICE, {}, 5, [])
+                assert hold is not None and not hold.ticket.counted
+                await hold.settle()
+                seen.append("allowed")
+            except L.LimitRefusal as err:
+                assert err.status == 429 and err.code == "rate_limit_exceeded" and err.kind == "backend_error"
+                assert err.headers["retry-after"] == "1" and "on_backend_error is deny" in err.message
+                seen.append("refused")
+        assert be.calls == 1  # the next calls within BACK_OFF_S do not wait on a dead store
+        await asyncio.sleep(0)
+        return seen
+
+    assert asyncio.run(run()) == ["allowed" if policy == "allow" else "refused"] * 5
