@@ -175,12 +175,14 @@ def test_the_longest_allowed_sequence_fits_the_blocks_a_sequence_can_use(tmp_pat
         config.resolve(MODEL, "L4-24GB", max_model_len=str(probe.max_model_len + 16))
 
 
-def test_num_gpu_blocks_override_sets_the_pool_and_a_small_pool_preempts(capsys, workload) -> None:  # type: ignore[no-untyped-def]
-    argv = ["sim", "replay", "--model", MODEL, "--gpu", "H100-80GB", "--max-model-len", "2048", "--workload",
-            str(workload), "-o", "json"]
-    assert main([*argv, "--num-gpu-blocks-override", "200"]) == 0
+def test_num_gpu_blocks_override_sets_the_pool_and_a_small_pool_preempts(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    wl = tmp_path / "burst.yaml"
+    wl.write_text("prompt_tokens: 200\noutput_tokens: 64\nstages: [{rate: inf, requests: 20}]\n")
+    argv = ["sim", "replay", "--model", MODEL, "--gpu", "H100-80GB", "--max-model-len", "512", "--workload",
+            str(wl), "-o", "json"]
+    assert main([*argv, "--num-gpu-blocks-override", "60"]) == 0  # 59 usable blocks: ~3 sequences of 264
     small = json.loads(capsys.readouterr().out)
     assert main(argv) == 0
     big = json.loads(capsys.readouterr().out)
-    assert small["kv_blocks"] == 200 and small["preemptions"] > 0 and big["preemptions"] == 0
-    assert small["requests"] == big["requests"]
+    assert small["kv_blocks"] == 60 and small["preemptions"] > 0 and big["preemptions"] == 0
+    assert small["requests"] == big["requests"] == 20
