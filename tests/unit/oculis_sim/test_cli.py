@@ -186,3 +186,12 @@ def test_num_gpu_blocks_override_sets_the_pool_and_a_small_pool_preempts(capsys,
     big = json.loads(capsys.readouterr().out)
     assert small["kv_blocks"] == 60 and small["preemptions"] > 0 and big["preemptions"] == 0
     assert small["requests"] == big["requests"] == 20
+
+
+def test_replay_refuses_requests_longer_than_max_model_len_as_vllm_would(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    wl = tmp_path / "long.yaml"
+    wl.write_text("requests: [{prompt_tokens: 900, output_tokens: 200}, {prompt_tokens: 100, output_tokens: 20}]\n")
+    assert main(["sim", "replay", "--model", MODEL, "--gpu", "H100-80GB", "--max-model-len", "1024",
+                 "--workload", str(wl)]) == 0
+    out = capsys.readouterr().out
+    assert "requests 1 (1 refused: longer than max_model_len)" in out
