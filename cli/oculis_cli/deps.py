@@ -42,10 +42,17 @@ def register(sub: Any) -> None:
     p.add_argument("--check-deps", action="store_true", help="check the dependencies of each extra")
     p.add_argument("--require", action="append", default=[], choices=[e.name for e in EXTRAS],
                    help="exit 1 unless this extra is fully installed (repeatable)")
+    from oculis_cli import checks  # the cluster, metrics, cost, bench and permission checks
+
+    checks.add_flags(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.check_deps and args.output != "table":  # one machine-readable report, the extras included
+        from oculis_cli import checks
+
+        return checks.run(args)
     print(f"oculis {__version__}")
     if not args.check_deps and not args.require:
         return 0
@@ -59,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
             versions = ", ".join(f"{m} {_version(m)}" for m in extra.modules)
             state = f"ok ({versions})"
         print(f"  {extra.name:9} {extra.purpose:28} {state}")
+    if args.check_deps:
+        from oculis_cli import checks
+
+        failed |= checks.run(args, python=False) != 0
     return 1 if failed else 0
 
 

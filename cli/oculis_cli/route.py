@@ -11,6 +11,7 @@ stderr and give exit 1. A bad config, route or `--shares` exits 2 before reading
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from collections.abc import Iterator
@@ -28,11 +29,22 @@ def register(sub: Any) -> None:
     score.add_argument("--config", required=True, type=Path, help="oculis-config.yaml")
     score.add_argument("--route", required=True, help="route name in the config")
     score.set_defaults(run=run_score)
-    analyze = route_sub.add_parser("analyze", help="a traffic sample's tier split, and thresholds for a wanted split")
-    analyze.add_argument("--config", required=True, type=Path, help="oculis-config.yaml")
+    analyze = route_sub.add_parser("analyze", help="a route's tiers and cost over a window of its metrics "
+                                   "(--since/--from), or a traffic sample's tier split (--sample, stdin)")
+    analyze.add_argument("--config", type=Path, help="oculis-config.yaml (with --since: default the cluster's "
+                         "routes in --namespace)")
     analyze.add_argument("--route", required=True, help="route name in the config")
+    analyze.add_argument("--sample", type=Path, help="JSON lines of prompts to score (default: stdin)")
     analyze.add_argument("--shares", help="wanted share per tier, in tier order, e.g. 0.5,0.3,0.2")
-    analyze.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    analyze.add_argument("-o", "--output", choices=["table", "text", "json", "yaml", "csv"], default="table",
+                         help="table (default; text is the same), json, yaml or csv")
+    from oculis_cli.cost import add_window_flags  # Prometheus mode: `--since 7d` or `--from/--to`
+
+    add_window_flags(analyze)
+    analyze.add_argument("--namespace", "-n", default="default", help="namespace of the routes (cluster mode)")
+    analyze.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)")
+    analyze.add_argument("--prometheus-url", help="Prometheus base URL (default: OCULIS_PROMETHEUS_URL or "
+                         "http://127.0.0.1:9090)")
     analyze.set_defaults(run=run_analyze)
 
 
@@ -86,6 +98,22 @@ def run_score(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: TextI
 
 
 def run_analyze(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
+    if args.since is not None or args.start is not None:
+        from oculis_cli import route_window
+
+        return route_window.run(args, stdout)
+    if args.config is None:
+        print("oculis route analyze: give --config FILE to score a sample, or --since 7d for the route's metrics",
+              file=sys.stderr)
+        return 2
+    if args.sample is not None:
+        try:
+            from oculis_cli.inputs import read_text
+
+            stdin = io.StringIO(read_text(args.sample, "--sample"))
+        except InputError as exc:
+            print(f"oculis route analyze: {exc}", file=sys.stderr)
+            return 2
     scorer = load_scorer(args, "analyze")
     if scorer is None:
         return 2
@@ -111,6 +139,14 @@ def run_analyze(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: Tex
     report = route_analysis.analyze(route, scored, shares)
     if args.output == "json":
         stdout.write(json.dumps(report, indent=2) + "\n")
+    elif args.output == "yaml":
+        import yaml
+
+        stdout.write(yaml.safe_dump(report, sort_keys=False))
+    elif args.output == "csv":
+        from oculis_cli.checks_output import write_csv
+
+        write_csv(report.get("tiers", []), stdout)
     else:
         stdout.write(render_text(route.name, report))
     return 1 if errors else 0

@@ -1,0 +1,118 @@
+"""`oculis cache advise [--upstream U] [--write-multiplier W --read-multiplier R]`: whether provider
+prompt caching pays for the observed traffic (cache_advise_core decides)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+
+from oculis_cli import cache_advise_core as core
+from oculis_cli import checks_output as out
+from oculis_cli.cost import add_window_flags, resolve_window
+from oculis_cli.cost_sources import (
+    EXIT_USAGE,
+    Catalog,
+    SourceError,
+    add_source_flags,
+    counters,
+    load_catalog,
+    open_prometheus,
+)
+from oculis_cli.inputs import finite_float
+
+
+def register(sub: Any) -> None:
+    cache = sub.add_parser("cache", help="prompt caching: `oculis cache advise`")
+    cache_sub = cache.add_subparsers(dest="cache_command", required=True, metavar="COMMAND")
+    p = cache_sub.add_parser("advise", help="break-even hits per cache write, and whether caching pays here")
+    p.add_argument("--upstream", action="append", default=[], help="upstream to advise on (repeatable; default: "
+                   "every upstream with prompt tokens in the window)")
+    p.add_argument("--write-multiplier", type=finite_float, metavar="W",
+                   help="cache-write price / input price (Anthropic 5m: 1.25, 1h: 2.0; default: from pricing)")
+    p.add_argument("--read-multiplier", type=finite_float, metavar="R",
+                   help="cache-read price / input price (Anthropic: 0.1; default: from pricing)")
+    p.add_argument("--no-traffic", action="store_true", help="only the break-even arithmetic, no Prometheus")
+    add_window_flags(p)
+    add_source_flags(p)
+    out.add_output_flag(p)
+    p.set_defaults(run=run)
+
+
+def _given(args: argparse.Namespace) -> core.Multipliers | None:
+    if args.write_multiplier is None and args.read_multiplier is None:
+        return None
+    w = 1.0 if args.write_multiplier is None else args.write_multiplier
+    r = 1.0 if args.read_multiplier is None else args.read_multiplier
+    return core.Multipliers(w, r, "--write-multiplier/--read-multiplier")
+
+
+def run(args: argparse.Namespace, stdout: TextIO = sys.stdout) -> int:
+    given = _given(args)
+    for flag, v in (("--write-multiplier", args.write_multiplier), ("--read-multiplier", args.read_multiplier)):
+        if v is not None and v < 0:
+            print(f"oculis cache advise: {flag} {v:g} is negative; give a price ratio such as 1.25", file=sys.stderr)
+            return EXIT_USAGE
+    if args.no_traffic:
+        if given is None:
+            print("oculis cache advise: --no-traffic needs --write-multiplier and --read-multiplier", file=sys.stderr)
+            return EXIT_USAGE
+        reports = [core.advise(",".join(args.upstream) or "-", given, None, 0.0)]
+        return emit({"window": None, "upstreams": reports}, args.output, stdout)
+    w = resolve_window(args, "cache advise")
+    if w is None:
+        return EXIT_USAGE
+    t0, t1 = w
+    try:
+        catalog = load_catalog(args)
+        with open_prometheus(args) as prom:
+            c = counters(prom, t0, t1, args.router_selector)
+    except SourceError as exc:
+        print(f"oculis cache advise: {exc}", file=sys.stderr)
+        return exc.code
+    names = args.upstream or sorted(u for u, v in c.prompt_tokens.items() if v > 0)
+    known = {u.name for u in catalog.config.upstreams}
+    unknown = [u for u in names if u not in known]
+    if unknown:
+        print(f"oculis cache advise: --upstream {unknown[0]} is not an upstream of {catalog.source}; choose one of "
+              f"{', '.join(sorted(known))}", file=sys.stderr)
+        return EXIT_USAGE
+    reports = []
+    for name in names:
+        try:
+            reports.append(_one(catalog, name, given, c))
+        except ValueError as exc:
+            print(f"oculis cache advise: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    from oculis_cli.route_window_core import describe_window
+
+    return emit({"window": describe_window(t0, t1), "upstreams": reports}, args.output, stdout)
+
+
+def _one(catalog: Catalog, name: str, given: core.Multipliers | None, c: Any) -> dict[str, Any]:
+    pricing = catalog.pricing[name]
+    m = given or core.multipliers_from_pricing(pricing, name)
+    obs = core.Observed(c.prompt_tokens.get(name, 0.0), c.cached_tokens.get(name, 0.0), None)
+    return core.advise(name, m, obs, pricing.input_per_mtok)
+
+
+def emit(rep: dict[str, Any], fmt: str, stdout: TextIO) -> int:
+    ups = rep["upstreams"]
+    if len(ups) == 1:  # the documented top-level keys (break_even_hits, min_hits) for one upstream
+        rep = {**ups[0], "window": rep["window"], "upstreams": ups}
+    if out.dump(rep, fmt, stdout):
+        return 0
+    if fmt == "csv":
+        out.write_csv(ups, stdout)
+        return 0
+    if rep["window"]:
+        out.line(f"window {rep['window']}", stdout)
+    cols = ["upstream", "w", "r", "break-even h >", "min hits", "cache-read share", "hits/write", "verdict"]
+    rows = [[u["upstream"], f"{u['write_multiplier']:g}", f"{u['read_multiplier']:g}",
+             "-" if u["break_even_hits"] is None else f"{u['break_even_hits']:.3f}", u["min_hits"],
+             out.pct(u.get("cache_read_token_share")), u.get("hits_per_write"), u["verdict"]] for u in ups]
+    out.table(None, cols, rows, stdout, right=cols[1:7])
+    for u in ups:
+        out.line(f"{u['upstream']}: {u['reason']} (w, r from {u['multipliers_from']})", stdout)
+    out.line("rule: caching pays when hits per write h > (w - 1) / (1 - r)", stdout)
+    return 0

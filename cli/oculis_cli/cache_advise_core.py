@@ -1,0 +1,113 @@
+"""`oculis cache advise`: whether prompt caching pays for observed traffic. Pure functions, no I/O.
+
+A cached prefix is written once (at w times the uncached input price) and then read h times (at r
+times it). Against h + 1 uncached sends, caching costs (w + h*r) / (1 + h) of the price, so it pays
+when w + h*r < 1 + h, i.e. h > (w - 1) / (1 - r): one hit at Anthropic's 5-minute price (w 1.25,
+r 0.10), two at its 1-hour price (w 2.0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from oculis import Pricing
+
+
+@dataclass(frozen=True)
+class Multipliers:
+    write: float  # w: cache-write price / uncached input price
+    read: float  # r: cache-read price / uncached input price
+    source: str  # where they came from (flags, the upstream's pricing, a default)
+
+
+def break_even_hits(w: float, r: float) -> float | None:
+    """(w - 1) / (1 - r): hits per write above which caching is cheaper; None when reads are not
+    discounted (r >= 1: caching never pays); 0 when writes cost no premium (every hit pays)."""
+    if r >= 1:
+        return None
+    return max((w - 1) / (1 - r), 0.0)
+
+
+def min_hits(break_even: float | None) -> int | None:
+    """The smallest whole number of hits per write strictly above the break-even."""
+    if break_even is None:
+        return None
+    return math.floor(break_even) + 1
+
+
+def multipliers_from_pricing(p: Pricing, upstream: str) -> Multipliers:
+    """w and r from the upstream's per-token prices. A price left unset is billed as uncached input
+    (cost_dollars does the same), i.e. a multiplier of 1."""
+    if p.input_per_mtok <= 0:
+        raise ValueError(f"upstream {upstream}: pricing.input_per_mtok is 0, so cache multipliers are undefined; "
+                         "set its pricing or pass --write-multiplier and --read-multiplier")
+    w = 1.0 if p.cache_write_per_mtok is None else p.cache_write_per_mtok / p.input_per_mtok
+    r = 1.0 if p.cached_input_per_mtok is None else p.cached_input_per_mtok / p.input_per_mtok
+    return Multipliers(round(w, 6), round(r, 6), f"upstream {upstream}'s pricing")
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Prompt-token counters of one upstream over the window (increase())."""
+
+    prompt_tokens: float
+    cached_tokens: float  # read from the provider's cache
+    cache_write_tokens: float | None  # None: not counted by this router
+
+
+def advise(upstream: str, m: Multipliers, obs: Observed | None, input_per_mtok: float) -> dict[str, Any]:
+    """The advice as a JSON-ready dict: break-even, observed reuse, and a verdict with its reason."""
+    be = break_even_hits(m.write, m.read)
+    out: dict[str, Any] = {
+        "upstream": upstream,
+        "write_multiplier": m.write,
+        "read_multiplier": m.read,
+        "multipliers_from": m.source,
+        "break_even_hits": None if be is None else round(be, 4),
+        "min_hits": min_hits(be),
+        "rule": "caching pays when hits per write h > (w - 1) / (1 - r)",
+    }
+    if be is None:
+        out.update(verdict="does-not-pay", reason=f"reads cost {m.read:g}x the input price (no discount), so no "
+                   "number of hits pays for a write")
+        return out
+    if obs is None or obs.prompt_tokens <= 0:
+        out.update(cache_read_token_share=None, hits_per_write=None, verdict="no-traffic",
+                   reason="no prompt tokens counted for this upstream in the window")
+        return out
+    share = obs.cached_tokens / obs.prompt_tokens
+    out["cache_read_token_share"] = round(share, 4)
+    out["prompt_tokens"] = int(obs.prompt_tokens)
+    out["cached_tokens"] = int(obs.cached_tokens)
+    if obs.cache_write_tokens:
+        h = obs.cached_tokens / obs.cache_write_tokens
+        out["hits_per_write"] = round(h, 3)
+        out["hits_per_write_basis"] = "cache-read tokens / cache-write tokens"
+    elif share < 1:
+        # Without a write counter: a prefix read h times per write is at most h/(h+1) of the prompt
+        # tokens, so the observed share gives a lower bound h >= s/(1-s).
+        h = share / (1 - share)
+        out["hits_per_write"] = round(h, 3)
+        out["hits_per_write_basis"] = "lower bound s/(1-s) from the cache-read token share (no write counter)"
+    else:
+        h = math.inf
+        out["hits_per_write"] = None
+        out["hits_per_write_basis"] = "every prompt token was a cache read"
+    writes = obs.cache_write_tokens or 0.0
+    out["saving_dollars"] = round((obs.cached_tokens * (1 - m.read) - writes * (m.write - 1))
+                                  * input_per_mtok / 1e6, 6)
+    if h > be:
+        out.update(verdict="pays", reason=f"observed {_h(h)} hits per write > break-even {be:.3f}")
+    elif obs.cache_write_tokens or share == 0:
+        out.update(verdict="does-not-pay", reason=f"observed {_h(h)} hits per write <= break-even {be:.3f}; "
+                   "stabilise the prompt prefix (system prompt, tools first) or turn prompt caching off")
+    else:
+        out.update(verdict="undetermined", reason=f"at least {_h(h)} hits per write (no cache-write counter), "
+                   f"break-even {be:.3f}; the upstream's cache-write tokens would settle it")
+    return out
+
+
+def _h(h: float) -> str:
+    return "inf" if math.isinf(h) else f"{h:.3f}"

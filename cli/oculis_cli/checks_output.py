@@ -1,0 +1,74 @@
+"""Output for the measurement commands (status --check-deps, route analyze --since, eval run, cost
+report, cache advise): `-o table` is a Rich table (plain text when piped or NO_COLOR), `json` and
+`yaml` the report's dict, `csv` its rows."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import yaml
+
+FORMATS = ("table", "json", "yaml")
+FORMATS_CSV = ("table", "json", "yaml", "csv")
+
+
+def add_output_flag(p: Any, with_csv: bool = True) -> None:
+    p.add_argument("-o", "--output", choices=FORMATS_CSV if with_csv else FORMATS, default="table",
+                   help="table (default), json, yaml" + (" or csv" if with_csv else ""))
+
+
+def dump(report: dict[str, Any], fmt: str, out: TextIO) -> bool:
+    """Write json/yaml; False for the formats the command renders itself."""
+    if fmt == "json":
+        out.write(json.dumps(report, indent=2) + "\n")
+        return True
+    if fmt == "yaml":
+        out.write(yaml.safe_dump(report, sort_keys=False, allow_unicode=True))
+        return True
+    return False
+
+
+def write_csv(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
+    if not rows:
+        return
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
+    out.write(buf.getvalue())
+
+
+def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO,
+          right: Sequence[str] = ()) -> None:
+    """A Rich table, printed to `out` (colour only on a terminal; Rich honours NO_COLOR)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", box=None, pad_edge=False, header_style="bold")
+    for c in columns:
+        t.add_column(c, justify="right" if c in right else "left", overflow="fold")
+    for r in rows:
+        t.add_row(*("-" if v is None else str(v) for v in r))
+    Console(file=out, width=160, soft_wrap=True).print(t)
+
+
+def line(text: str, out: TextIO) -> None:
+    out.write(text + "\n")
+
+
+def money(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if abs(v) >= 100:
+        return f"${v:,.2f}"
+    return f"${v:,.4f}" if abs(v) >= 0.01 else f"${v:.6f}"
+
+
+def pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"

@@ -1,0 +1,95 @@
+"""`oculis cost report --since 7d --group-by route,tier[,upstream]`: dollars by route, tier and upstream
+from the router's counters in Prometheus and the upstreams' prices (cost_core does the arithmetic)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from oculis_cli import checks_output as out
+from oculis_cli import cost_core, route_window_core
+from oculis_cli.cost_sources import EXIT_USAGE, SourceError, add_source_flags, counters, load_catalog, open_prometheus
+
+
+def add_window_flags(p: Any) -> None:
+    p.add_argument("--since", help="window ending now, as a Prometheus duration: 7d, 24h, 1h30m")
+    p.add_argument("--from", dest="start", metavar="RFC3339", help="window start, e.g. 2026-11-24T00:00:00Z")
+    p.add_argument("--to", dest="end", metavar="RFC3339", help="window end (default now)")
+    p.add_argument("--router-selector", default="", metavar="LABELS",
+                   help='PromQL label matchers selecting the routers\' series, e.g. job="oculis"')
+
+
+def register(sub: Any) -> None:
+    cost = sub.add_parser("cost", help="what the routes cost: `oculis cost report`")
+    cost_sub = cost.add_subparsers(dest="cost_command", required=True, metavar="COMMAND")
+    p = cost_sub.add_parser("report", help="cost by route, tier and upstream over a window (estimates)")
+    add_window_flags(p)
+    p.add_argument("--group-by", default="route,tier", help="comma-separated: route, tier, upstream "
+                   "(default route,tier)")
+    add_source_flags(p)
+    out.add_output_flag(p)
+    p.set_defaults(run=run)
+
+
+def resolve_window(args: argparse.Namespace, command: str) -> tuple[datetime, datetime] | None:
+    try:
+        since = "7d" if args.since is None and args.start is None else args.since
+        return route_window_core.window(since, args.start, args.end, datetime.now(UTC))
+    except ValueError as exc:
+        print(f"oculis {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def run(args: argparse.Namespace, stdout: TextIO = sys.stdout) -> int:
+    try:
+        group_by = cost_core.parse_group_by(args.group_by)
+    except ValueError as exc:
+        print(f"oculis cost report: --group-by {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    w = resolve_window(args, "cost report")
+    if w is None:
+        return EXIT_USAGE
+    t0, t1 = w
+    try:
+        catalog = load_catalog(args)
+        with open_prometheus(args) as prom:
+            c = counters(prom, t0, t1, args.router_selector)
+    except SourceError as exc:
+        print(f"oculis cost report: {exc}", file=sys.stderr)
+        return exc.code
+    hours = (t1 - t0).total_seconds() / 3600
+    cells = cost_core.cells(c, catalog.pricing, catalog.gpu, hours)
+    rep = cost_core.report(cells, group_by, cost_core.unattributed_dollars(c, cells),
+                           route_window_core.describe_window(t0, t1), bool(catalog.gpu))
+    rep["prices_from"] = catalog.source
+    if out.dump(rep, args.output, stdout):
+        return 0
+    if args.output == "csv":
+        out.write_csv(rep["rows"], stdout)
+        return 0
+    render(rep, stdout)
+    return 0
+
+
+def render(rep: dict[str, Any], stdout: TextIO) -> None:
+    keys = rep["group_by"]
+    cols = [*keys, "requests", "cache hits", "prompt tok", "output tok", "cached tok", "token $", "$/1k req",
+            "cache saving $", "GPU $"]
+    rows = [[*(r[k] for k in keys), f"{r['requests']:,}", f"{r['cache_hits']:,}", f"{r['prompt_tokens']:,}",
+             f"{r['completion_tokens']:,}", f"{r['cached_tokens']:,}", out.money(r["token_dollars"]),
+             out.money(r["dollars_per_1k_requests"]), out.money(r["cache_saving_dollars"]),
+             out.money(r["gpu_dollars"])] for r in rep["rows"]]
+    t = rep["total"]
+    rows.append(["total", *([""] * (len(keys) - 1)), f"{t['requests']:,}", f"{t['cache_hits']:,}",
+                 f"{t['prompt_tokens']:,}", f"{t['completion_tokens']:,}", f"{t['cached_tokens']:,}",
+                 out.money(t["token_dollars"]), "", out.money(t["cache_saving_dollars"]), out.money(t["gpu_dollars"])])
+    out.line(f"cost report, window {rep['window']}, prices from {rep['prices_from']}", stdout)
+    out.table(None, cols, rows, stdout, right=cols[len(keys):])
+    if t["unattributed_dollars"]:
+        out.line(f"unattributed (no request counted for the upstream in the window): "
+                 f"{out.money(t['unattributed_dollars'])}", stdout)
+    for k, v in rep["basis"].items():
+        out.line(f"{k}: {v}", stdout)
+    out.line(f"note: {rep['note']}", stdout)

@@ -1,0 +1,224 @@
+"""`oculis eval run --by-tier`: per-tier accuracy of a route against the all-strongest-tier baseline,
+with a paired verdict. Pure functions, no I/O.
+
+Every suite item is answered twice, by the tier the route picks and by the strongest tier, so the two
+accuracies are paired: McNemar's exact test (scipy's binomial test on the discordant pairs) says
+whether they differ, and the 95 % interval of the difference (Agresti-Min adjusted Wald: half an item
+added to each cell, so a small tier with no disagreements still gets a wide interval, not [0, 0])
+says whether the drop is within the tolerance. PASS only when the whole interval lies above
+-tolerance; FAIL when the drop exceeds the tolerance and McNemar finds it significant; otherwise
+INCONCLUSIVE, so a tier too small to tell never passes by default.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from scipy.stats import binomtest, norm
+
+PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
+EXIT_CODES = {PASS: 0, FAIL: 3, INCONCLUSIVE: 4}
+MATCH_KINDS = ("exact", "regex", "json_field")
+ALPHA = 0.05
+
+
+class SuiteLineError(ValueError):
+    """One bad suite line; the message starts with `line N:` and says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Item:
+    lineno: int
+    payload: dict[str, Any]  # {"prompt"} or {"messages"}: what the router classifies / is sent
+    outcomes: dict[str, bool] | None  # offline: correctness per upstream
+    expected: str | None  # online: the answer to match
+    match: str  # exact | regex | json_field
+    field: str | None  # json_field: dotted path into the answer's JSON
+
+
+def parse_line(lineno: int, line: str, offline: bool) -> Item:
+    """One suite line; SuiteLineError naming the line, the field and the fix."""
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise SuiteLineError(f"line {lineno}: not JSON ({exc.msg} at column {exc.colno}); write one JSON object "
+                             "per line") from None
+    except RecursionError:
+        raise SuiteLineError(f"line {lineno}: nested too deeply; flatten the object") from None
+    if not isinstance(raw, dict):
+        raise SuiteLineError(f"line {lineno}: expected a JSON object, got {type(raw).__name__}")
+    if isinstance(raw.get("messages"), list) and raw["messages"]:
+        payload: dict[str, Any] = {"messages": raw["messages"]}
+    elif isinstance(raw.get("prompt"), str) and raw["prompt"]:
+        payload = {"prompt": raw["prompt"]}
+    else:
+        raise SuiteLineError(f"line {lineno}: needs \"prompt\" (a non-empty string) or \"messages\" (a non-empty "
+                             "list of {role, content})")
+    outcomes = raw.get("outcomes")
+    if offline:
+        if not isinstance(outcomes, dict) or not outcomes or not all(
+                isinstance(k, str) and isinstance(v, bool) for k, v in outcomes.items()):
+            raise SuiteLineError(f"line {lineno}: offline mode needs \"outcomes\": {{\"<upstream>\": true|false, "
+                                 "...}; add it or run online with --url")
+        return Item(lineno, payload, dict(outcomes), None, "exact", None)
+    expected = raw.get("expected")
+    if not isinstance(expected, str | int | float) or isinstance(expected, bool):
+        raise SuiteLineError(f"line {lineno}: online mode needs \"expected\" (the answer: a string or number)")
+    match = raw.get("match", "exact")
+    if match not in MATCH_KINDS:
+        raise SuiteLineError(f"line {lineno}: match {match!r} is not one of {', '.join(MATCH_KINDS)}")
+    field = raw.get("field")
+    if match == "json_field" and (not isinstance(field, str) or not field):
+        raise SuiteLineError(f"line {lineno}: match json_field needs \"field\", a dotted path such as answer.value")
+    if match == "regex":
+        try:
+            re.compile(str(expected))
+        except re.error as exc:
+            raise SuiteLineError(f"line {lineno}: expected is not a valid regex ({exc}); escape it or use "
+                                 "exact") from None
+    return Item(lineno, payload, None, str(expected), match, field if isinstance(field, str) else None)
+
+
+def parse_suite(lines: Iterable[str], offline: bool) -> tuple[list[Item], list[str]]:
+    """Items and the messages of bad lines (blank lines are skipped)."""
+    items, errors = [], []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            items.append(parse_line(lineno, line, offline))
+        except SuiteLineError as exc:
+            errors.append(str(exc))
+    return items, errors
+
+
+def grade(answer: str, item: Item) -> bool:
+    """Whether an answer matches the item's expectation (exact after trimming, regex search, or a JSON
+    field equal to the expected text)."""
+    expected = item.expected or ""
+    if item.match == "regex":
+        return re.search(expected, answer) is not None
+    if item.match == "json_field":
+        try:
+            value: Any = json.loads(answer)
+        except (json.JSONDecodeError, RecursionError):
+            return False
+        for part in (item.field or "").split("."):
+            if isinstance(value, dict) and part in value:
+                value = value[part]
+            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                value = value[int(part)]
+            else:
+                return False
+        return (value if isinstance(value, str) else json.dumps(value)).strip() == expected.strip()
+    return answer.strip() == expected.strip()
+
+
+@dataclass(frozen=True)
+class Result:
+    tier: str
+    escalated: bool
+    correct: bool  # the routed answer
+    baseline_correct: bool  # the strongest tier's answer
+
+
+def offline_result(item: Item, tier: str, upstream: str, escalated: bool, strongest_upstream: str) -> Result:
+    """The routed tier's and the strongest tier's outcome from the suite line itself."""
+    outcomes = item.outcomes or {}
+    for up, role in ((upstream, f"tier {tier}"), (strongest_upstream, "the strongest tier")):
+        if up not in outcomes:
+            raise SuiteLineError(f"line {item.lineno}: outcomes has no entry for upstream {up} ({role}); add "
+                                 f"\"{up}\": true|false")
+    return Result(tier, escalated, outcomes[upstream], outcomes[strongest_upstream])
+
+
+@dataclass(frozen=True)
+class Paired:
+    n: int
+    accuracy: float
+    baseline_accuracy: float
+    delta_pp: float
+    ci_pp: tuple[float, float]
+    p_value: float
+    better: int  # routed right, baseline wrong
+    worse: int  # routed wrong, baseline right
+
+
+def paired(results: list[Result]) -> Paired:
+    n = len(results)
+    b = sum(r.correct and not r.baseline_correct for r in results)
+    c = sum(r.baseline_correct and not r.correct for r in results)
+    acc = sum(r.correct for r in results) / n
+    base = sum(r.baseline_correct for r in results) / n
+    # Agresti-Min: half an item more in each of the four cells.
+    ba, ca, na = b + 0.5, c + 0.5, n + 2
+    d = (ba - ca) / na
+    se = math.sqrt(max(ba + ca - (ba - ca) ** 2 / na, 0.0)) / na
+    z = float(norm.ppf(1 - ALPHA / 2))
+    p = 1.0 if b + c == 0 else float(binomtest(b, b + c, 0.5).pvalue)
+    lo, hi = 100 * max(d - z * se, -1.0), 100 * min(d + z * se, 1.0)
+    return Paired(n, acc, base, 100 * (acc - base), (round(lo, 2), round(hi, 2)), p, b, c)
+
+
+def verdict(p: Paired, tolerance_pp: float) -> tuple[str, str]:
+    """The verdict and its reason, against `Δaccuracy >= -tolerance_pp`."""
+    lo, hi = p.ci_pp
+    if lo >= -tolerance_pp:
+        return PASS, f"95% CI of delta [{lo:+.2f}, {hi:+.2f}] pp lies above -{tolerance_pp:g} pp"
+    if p.delta_pp < -tolerance_pp and p.p_value < ALPHA:
+        return FAIL, (f"delta {p.delta_pp:+.2f} pp is below -{tolerance_pp:g} pp and McNemar p={p.p_value:.3g} < "
+                      f"{ALPHA:g} ({p.worse} items lost, {p.better} gained)")
+    return INCONCLUSIVE, (f"95% CI of delta [{lo:+.2f}, {hi:+.2f}] pp reaches below -{tolerance_pp:g} pp at n={p.n}"
+                          f" (McNemar p={p.p_value:.3g}); more items would tell")
+
+
+def summarise(results: list[Result], tier_order: list[str], tolerance_pp: float) -> dict[str, Any]:
+    """The JSON-ready report: overall and per tier. The strongest tier (last of `tier_order`) is the
+    baseline itself, so it gets no verdict of its own; the overall verdict is the worst of the pooled
+    one and every other tier's."""
+    if not results:
+        raise ValueError("the suite has no items to evaluate")
+    strongest = tier_order[-1]
+    tiers = []
+    worst = [PASS]
+    for name in tier_order:
+        rs = [r for r in results if r.tier == name]
+        row: dict[str, Any] = {"name": name, "n": len(rs)}
+        if not rs:
+            row.update(accuracy=None, baseline_accuracy=None, delta_pp=None, escalated=0.0, verdict=None)
+            tiers.append(row)
+            continue
+        p = paired(rs)
+        row.update(accuracy=round(p.accuracy, 4), baseline_accuracy=round(p.baseline_accuracy, 4),
+                   delta_pp=round(p.delta_pp, 2), ci_pp=list(p.ci_pp), mcnemar_p=round(p.p_value, 4),
+                   escalated=round(sum(r.escalated for r in rs) / len(rs), 4))
+        if name == strongest:
+            row.update(verdict=None, reason="the baseline itself")
+        else:
+            v, why = verdict(p, tolerance_pp)
+            row.update(verdict=v, reason=why)
+            worst.append(v)
+        tiers.append(row)
+    p = paired(results)
+    v, why = verdict(p, tolerance_pp)
+    worst.append(v)
+    overall_v = FAIL if FAIL in worst else INCONCLUSIVE if INCONCLUSIVE in worst else PASS
+    if overall_v != v:
+        why = f"{why}; a tier is {overall_v}"
+    # Only a request that started below the strongest tier can be escalated.
+    escalatable = len(results) - sum(r.tier == strongest and not r.escalated for r in results)
+    escalated = sum(r.escalated for r in results)
+    return {
+        "overall": {"n": p.n, "accuracy": round(p.accuracy, 4), "baseline_accuracy": round(p.baseline_accuracy, 4),
+                    "delta_pp": round(p.delta_pp, 2), "ci_pp": list(p.ci_pp), "mcnemar_p": round(p.p_value, 4),
+                    "verdict": overall_v, "reason": why, "tolerance_pp": tolerance_pp,
+                    "escalated": escalated,
+                    "escalation_rate": round(escalated / escalatable, 4) if escalatable else 0.0,
+                    "escalation_denominator": f"{escalatable} requests that started below the strongest tier"},
+        "tiers": tiers,
+    }

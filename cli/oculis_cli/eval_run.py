@@ -1,0 +1,175 @@
+"""`oculis eval run --route R --suite FILE --by-tier [--tolerance-pp 2.0]`: a route's accuracy per
+tier against the all-strongest-tier baseline, with a paired verdict (eval_core decides).
+
+Offline (the default): each suite line carries per-upstream outcomes, and the route's tier for each
+prompt comes from exactly the router's classifier path (RouteScorer), so the accuracy is the one the
+routing implies. Online (`--url`): each prompt is sent to the router under the route's name and to the
+strongest tier's upstream by name, and both answers are graded (exact, regex or a JSON field).
+
+Exit codes: 0 PASS, 3 FAIL, 4 INCONCLUSIVE, 2 bad input, 5 router unreachable."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TextIO
+
+from oculis import ConfigError, Route
+from oculis_cli import checks_output as out
+from oculis_cli import eval_core as core
+from oculis_cli.cost_sources import EXIT_UNREACHABLE, EXIT_USAGE, SourceError, add_source_flags, load_catalog
+from oculis_cli.inputs import InputError, finite_float, read_text
+
+
+def register(sub: Any) -> None:
+    ev = sub.add_parser("eval", help="quality of a route's tiers: `oculis eval run`")
+    ev_sub = ev.add_subparsers(dest="eval_command", required=True, metavar="COMMAND")
+    p = ev_sub.add_parser("run", help="per-tier accuracy vs the all-strongest baseline, with a McNemar verdict")
+    p.add_argument("--route", required=True, help="route name")
+    p.add_argument("--suite", required=True, type=Path, help="JSON lines: {prompt|messages, outcomes} offline, "
+                   "{prompt|messages, expected, match?, field?} online")
+    p.add_argument("--by-tier", action="store_true", help="a row per tier (always computed; kept for the spelling)")
+    p.add_argument("--tolerance-pp", type=finite_float, default=2.0,
+                   help="largest accuracy drop allowed, in percentage points (default 2.0)")
+    p.add_argument("--skip-bad-lines", action="store_true", help="evaluate the good lines of a suite with bad ones")
+    p.add_argument("--url", help="online mode: the router's base URL, e.g. http://127.0.0.1:8080")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="online: environment variable with the router "
+                   "client key (default OPENAI_API_KEY; unset sends none)")
+    p.add_argument("--concurrency", type=int, default=8, help="online: requests in flight (default 8)")
+    p.add_argument("--max-tokens", type=int, default=256, help="online: max_tokens of each request")
+    add_source_flags(p, prometheus=False)
+    out.add_output_flag(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, stdout: TextIO = sys.stdout) -> int:
+    if args.tolerance_pp < 0:
+        print(f"oculis eval run: --tolerance-pp {args.tolerance_pp:g} is negative; give the allowed drop, e.g. 2.0",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        route = load_catalog(args).config.route(args.route)
+    except SourceError as exc:
+        print(f"oculis eval run: {exc}", file=sys.stderr)
+        return exc.code
+    except ConfigError as exc:
+        print(f"oculis eval run: --route {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        text = read_text(args.suite, "--suite")
+    except InputError as exc:
+        print(f"oculis eval run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    offline = args.url is None
+    items, errors = core.parse_suite(text.splitlines(), offline)
+    try:
+        results, more = offline_results(route, items) if offline else online_results(route, items, args)
+    except SourceError as exc:
+        print(f"oculis eval run: {exc}", file=sys.stderr)
+        return exc.code
+    errors += more
+    if errors:
+        for e in errors[:20]:
+            print(f"oculis eval run: --suite {args.suite}: {e}", file=sys.stderr)
+        if len(errors) > 20:
+            print(f"oculis eval run: ... and {len(errors) - 20} more bad lines", file=sys.stderr)
+        if not args.skip_bad_lines:
+            print(f"oculis eval run: {len(errors)} bad suite lines; fix them, or pass --skip-bad-lines to evaluate "
+                  "the rest", file=sys.stderr)
+            return EXIT_USAGE
+    if not results:
+        print(f"oculis eval run: --suite {args.suite} has no items to evaluate", file=sys.stderr)
+        return EXIT_USAGE
+    rep = core.summarise(results, [t.name for t in route.tiers], args.tolerance_pp)
+    rep["route"], rep["mode"], rep["skipped_lines"] = route.name, "offline" if offline else "online", len(errors)
+    rep["baseline"] = {"tier": route.tiers[-1].name, "upstream": route.tiers[-1].upstream}
+    code = core.EXIT_CODES[rep["overall"]["verdict"]]
+    if out.dump(rep, args.output, stdout):
+        return code
+    if args.output == "csv":
+        out.write_csv(rep["tiers"], stdout)
+        return code
+    render(rep, stdout)
+    return code
+
+
+def offline_results(route: Route, items: list[core.Item]) -> tuple[list[core.Result], list[str]]:
+    from oculis_router.decide import RouteScorer  # the router's own classifier path
+
+    try:
+        scorer = RouteScorer(route)
+    except ValueError as exc:
+        raise SourceError(f"routes[{route.name}].classifier.model: {exc}", EXIT_USAGE) from None
+    strongest = route.tiers[-1].upstream
+    results, errors = [], []
+    for item in items:
+        try:
+            _, d = scorer.score(item.payload)
+            results.append(core.offline_result(item, d.tier.name, d.tier.upstream, d.escalated, strongest))
+        except core.SuiteLineError as exc:
+            errors.append(str(exc))
+        except (ValueError, TypeError) as exc:
+            errors.append(f"line {item.lineno}: {exc}")
+    return results, errors
+
+
+def online_results(route: Route, items: list[core.Item], args: argparse.Namespace
+                   ) -> tuple[list[core.Result], list[str]]:
+    import os
+
+    import httpx
+
+    key = os.environ.get(args.api_key_env)
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    url = args.url.rstrip("/").removesuffix("/v1") + "/v1/chat/completions"
+    strongest = route.tiers[-1].upstream
+    client = httpx.Client(timeout=120, headers=headers)
+
+    def ask(item: core.Item, model: str) -> tuple[str, dict[str, str]]:
+        messages = item.payload.get("messages") or [{"role": "user", "content": item.payload["prompt"]}]
+        r = client.post(url, json={"model": model, "messages": messages, "temperature": 0,
+                                   "max_tokens": args.max_tokens})
+        if r.status_code != 200:
+            raise ValueError(f"{model} answered HTTP {r.status_code}: {r.text[:200]}")
+        content = r.json()["choices"][0]["message"].get("content") or ""
+        return str(content), dict(r.headers)
+
+    def one(item: core.Item) -> core.Result | str:
+        try:
+            answer, h = ask(item, route.name)
+            base, _ = ask(item, strongest)
+        except httpx.TransportError as exc:
+            raise SourceError(f"the router at {args.url} is unreachable ({type(exc).__name__}); start it or fix "
+                              "--url", EXIT_UNREACHABLE) from None
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            return f"line {item.lineno}: {exc}"
+        return core.Result(h.get("x-oculis-tier", "?"), h.get("x-oculis-escalated") == "true",
+                           core.grade(answer, item), core.grade(base, item))
+
+    with client, ThreadPoolExecutor(max(1, args.concurrency)) as pool:
+        done = list(pool.map(one, items))
+    return [r for r in done if isinstance(r, core.Result)], [r for r in done if isinstance(r, str)]
+
+
+def render(rep: dict[str, Any], stdout: TextIO) -> None:
+    o = rep["overall"]
+    cols = ["tier", "n", "accuracy", "baseline", "delta pp", "95% CI pp", "escalated", "verdict"]
+    rows = [[t["name"], t["n"], _f(t["accuracy"]), _f(t["baseline_accuracy"]),
+             "-" if t["delta_pp"] is None else f"{t['delta_pp']:+.2f}",
+             f"[{t['ci_pp'][0]:+.1f}, {t['ci_pp'][1]:+.1f}]" if t.get("ci_pp") else "-",
+             out.pct(t["escalated"]), t["verdict"] or "(baseline)"] for t in rep["tiers"]]
+    rows.append(["overall", o["n"], _f(o["accuracy"]), _f(o["baseline_accuracy"]), f"{o['delta_pp']:+.2f}",
+                 f"[{o['ci_pp'][0]:+.1f}, {o['ci_pp'][1]:+.1f}]", out.pct(o["escalation_rate"]), o["verdict"]])
+    out.line(f"route {rep['route']} ({rep['mode']}), baseline: all {rep['baseline']['tier']} "
+             f"({rep['baseline']['upstream']}), tolerance -{o['tolerance_pp']:g} pp", stdout)
+    out.table(None, cols, rows, stdout, right=cols[1:7])
+    out.line(f"escalation: {o['escalated']} of {o['escalation_denominator']}", stdout)
+    if rep["skipped_lines"]:
+        out.line(f"skipped {rep['skipped_lines']} bad suite lines", stdout)
+    out.line(f"verdict {o['verdict']}: {o['reason']}", stdout)
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
