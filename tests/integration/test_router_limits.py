@@ -173,6 +173,7 @@ def test_a_token_limit_holds_across_replicas_for_streamed_and_whole_answers(repl
     refused = [a for a in answers if a.status != 200]
     tokens = sum(a.tokens for a in served)
     # The whole run is far shorter than the window: what was served is what one minute allows.
+    print(f"served {tokens} tokens in {len(served)} answers of {len(answers)} against tokens_per_minute 2000")
     assert 0.80 * 2000 <= tokens <= 1.05 * 2000, (tokens, len(served))
     assert all(a.tokens == PER_REQUEST for a in served)  # streams told their usage, so they were counted
     streamed_served = sum(1 for i, a in enumerate(answers) if a.status == 200 and i % 2 == 1)
@@ -215,6 +216,7 @@ def test_a_dollar_budget_stops_spending_within_one_request_of_its_amount(replica
                                              replicas.metrics()))
     served = sum(1 for a in answers if a.status == 200)
     assert spent == pytest.approx(served * cost)
+    print(f"spent ${spent:.4f} of a $0.50 budget in {served} answers (${cost:.3f} each)")
     assert 0.5 - cost < spent <= 0.5 + 1e-9, (spent, served)
     refused = [a for a in answers if a.status != 200]
     assert refused and all(a.status == 429 for a in refused)
