@@ -5,6 +5,7 @@ the write against the modelled step end: p50 / p99 / max), the client-side view 
 usage equal to words), and the server's RSS (current and peak). Goals: lateness within 5 ms, RSS < 150 MiB.
 
     .venv/bin/python bench/sim_serve_load.py [--streams 256] [--seconds 20] [--max-tokens 200]
+The server runs as `python -m oculis_sim.cli serve ...` (what `oculis sim serve` runs, minus the rest of the CLI).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def main() -> int:
     cores = sorted(os.sched_getaffinity(0))
     server_core, client_cores = cores[0], set(cores[1:]) or {cores[0]}
     port = free_port()
-    argv = [sys.executable, "-m", "oculis_cli.main", "sim", "serve", MODEL, "--gpu", "H100-80GB",
+    # the simulator's own entry point (`oculis sim serve` runs the same code after loading the whole CLI)
+    argv = [sys.executable, "-m", "oculis_sim.cli", "serve", MODEL, "--gpu", "H100-80GB",
             "--max-model-len", "8192", "--host", "127.0.0.1", "--port", str(port)]
     def pin() -> None:
         # One core for the server; on a shared machine also a higher priority where permitted, so the
