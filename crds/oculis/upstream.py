@@ -182,6 +182,23 @@ class SecretKeyRef(Model):
     """Key within the Secret"""
 
 
+class ConfigMapKeyRef(Model):
+    """A key of a ConfigMap in the upstream's namespace."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    """ConfigMap name"""
+    key: str = Field("config.json", min_length=1)
+    """Key holding the model's config.json"""
+
+
+class ModelConfigFrom(Model):
+    """Where the model's Hugging Face config.json is, read as it is (quantization_config included), e.g.
+    `kubectl create configmap llama-config --from-file=config.json`."""
+
+    config_map_key_ref: ConfigMapKeyRef
+    """The ConfigMap key holding config.json"""
+
+
 class ProviderPromptCache(Model):
     """Provider prompt caching: what the router does to get cached-input prices."""
 
@@ -221,6 +238,8 @@ class GPUUpstreamSpec(Model):
     """Self-hosted: CPU and memory"""
     model_config_: ModelConfig | None = Field(None, alias="modelConfig")
     """Architecture facts for a model outside the built-in catalog"""
+    model_config_from: ModelConfigFrom | None = None
+    """The model's Hugging Face config.json from a ConfigMap (instead of modelConfig)"""
     engine: Engine | None = None
     """Self-hosted: vLLM engine settings"""
     traffic: Traffic | None = None
@@ -258,9 +277,13 @@ class GPUUpstreamSpec(Model):
             raise ValueError("engine.maxNumBatchedTokens must be >= engine.maxNumSeqs (vLLM refuses otherwise)")
         if e and e.preemption_mode == "swap":
             raise ValueError(SWAP_MESSAGE)
+        if self.model_config_ is not None and self.model_config_from is not None:
+            raise ValueError(BOTH_MODEL_CONFIGS)
         return self
 
 
+BOTH_MODEL_CONFIGS = ("spec.modelConfig and spec.modelConfigFrom are exclusive: give the architecture once, "
+                      "either inline or as the config.json in a ConfigMap")
 COMPATIBLE_NEEDS_URL = ("spec.baseURL is required when provider is openai-compatible (it has no public "
                         "default): set baseURL: http://host:8000/v1")
 SWAP_MESSAGE = (
@@ -283,6 +306,8 @@ CEL_RULES: list[dict[str, str]] = [
      "fieldPath": ".engine.maxNumBatchedTokens"},
     {"rule": "!has(self.engine) || !has(self.engine.preemptionMode) || self.engine.preemptionMode != 'swap'",
      "message": SWAP_MESSAGE, "fieldPath": ".engine.preemptionMode"},
+    {"rule": "!has(self.modelConfig) || !has(self.modelConfigFrom)", "message": BOTH_MODEL_CONFIGS,
+     "fieldPath": ".modelConfigFrom"},
     {"rule": "!has(self.rollout) || !has(self.rollout.maxSurge) || !has(self.rollout.maxUnavailable) "
              "|| self.rollout.maxSurge > 0 || self.rollout.maxUnavailable > 0",
      "message": ROLLOUT_STUCK, "fieldPath": ".rollout"},

@@ -28,8 +28,8 @@ def admission_verdict(spec_body: dict[str, Any], name: str | None = None) -> str
     if not spec.self_hosted:
         return None
     verdict = check(spec)
-    if isinstance(verdict, tuple):
-        return verdict[1]
+    if isinstance(verdict, tuple):  # a config.json in a ConfigMap is read (and judged) by the reconcile
+        return None if verdict[0] == "ModelConfigPending" else verdict[1]
     return verdict.message if verdict.refuse_at_admission else None
 
 

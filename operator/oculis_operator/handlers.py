@@ -28,8 +28,8 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from oculis_operator import hfconfig, render, rollout, routeconfig
 from oculis_operator import reconcile as core
-from oculis_operator import render, rollout, routeconfig
 from oculis_operator.admission import admission_verdict, admission_warning
 from oculis_operator.api_errors import api_error_line, going_away
 from oculis_operator.conditions import Conditions, condition
@@ -279,6 +279,8 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     rolling = dep is not None and not rollout.progress(dep).complete
     service = None if external else kube.service(ns, name)
     pdb = None if external else kube.pdb(ns, name)
+    config_text, config_problem = (None, None) if external else hfconfig.config_map_text(
+        spec, lambda cm: kube.config_map(ns, cm), ns)
     obs = core.Observed(
         name=name, namespace=ns, uid=meta["uid"], generation=meta.get("generation", 1), spec=spec, status=status,
         deployment=dep,
@@ -286,7 +288,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         has_pdb=external or pdb is not None,
         secret=kube.secret_state(ns, ref["name"], ref.get("key", "api-key")) if external and ref.get("name") else None,
         pending_reasons=kube.pending_reasons(ns, name) if rolling else [],
-        service=service, pdb=pdb,
+        service=service, pdb=pdb, model_config_text=config_text, model_config_problem=config_problem,
     )
 
     def spare(product: str) -> int:

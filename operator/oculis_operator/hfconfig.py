@@ -226,3 +226,21 @@ def from_dict(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
         return ModelConfig.model_validate(fields)
     except ValidationError as exc:
         raise HFConfigError(f"{source}: " + format_errors(exc, "modelConfig").replace("\n", "; ")) from None
+
+
+def config_map_text(spec: dict[str, Any], read: Any, namespace: str) -> tuple[str | None, str | None]:
+    """(config.json text, None) for a spec's `modelConfigFrom`, or (None, why it cannot be read); (None, None)
+    when the spec has none. `read(name)` returns the ConfigMap or None (the shell's API call)."""
+    ref = (spec.get("modelConfigFrom") or {}).get("configMapKeyRef") or {}
+    name, key = ref.get("name"), ref.get("key", "config.json")
+    if not name:
+        return None, None
+    cm = read(name)
+    if cm is None:
+        return None, (f"spec.modelConfigFrom: ConfigMap {name!r} not found in namespace {namespace}; create it "
+                      f"with `kubectl create configmap {name} --from-file={key}=config.json`")
+    data = cm.get("data") or {}
+    if key not in data:
+        return None, (f"spec.modelConfigFrom: ConfigMap {name!r} has no key {key!r} (it has: "
+                      f"{', '.join(sorted(data)) or 'none'}); set configMapKeyRef.key or add the key")
+    return str(data[key]), None

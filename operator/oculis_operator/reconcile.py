@@ -21,7 +21,7 @@ from oculis import gpus
 from oculis.base import format_errors
 from oculis.router import PROVIDER_URLS
 from oculis.upstream import DNS_1035, MAX_NAME, Engine, GPUUpstreamSpec
-from oculis_operator import capacity, catalog, drift, engine_args, render, rollout
+from oculis_operator import capacity, catalog, drift, engine_args, hfconfig, render, rollout
 from oculis_operator.conditions import Conditions
 
 
@@ -40,6 +40,9 @@ class Observed:
     pending_reasons: list[str] = field(default_factory=list)
     service: dict[str, Any] | None = None  # the live objects, compared with what we render
     pdb: dict[str, Any] | None = None
+    # spec.modelConfigFrom: the config.json text read from its ConfigMap, or why it could not be read
+    model_config_text: str | None = None
+    model_config_problem: str | None = None
 
 
 @dataclass
@@ -127,7 +130,7 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
     product = gpus.lookup(spec.gpu.product)
     status["gpu"] = f"{spec.gpu.product} x{spec.gpu.count}"
     status["endpoint"] = render.endpoint(obs.name, obs.namespace)
-    verdict = check(spec)
+    verdict = check(spec, obs.model_config_text, obs.model_config_problem)
     if isinstance(verdict, tuple):
         return _refuse(obs, conds, status, *verdict)
     plan = verdict
@@ -237,12 +240,26 @@ def unhostable(spec: GPUUpstreamSpec, nodes: rollout.Pool) -> tuple[str, str] | 
     return reason, msg
 
 
-def check(spec: GPUUpstreamSpec) -> capacity.Plan | tuple[str, str]:
-    """The capacity plan, or (reason, message) when the model or its draft cannot be planned at all."""
+def check(spec: GPUUpstreamSpec, model_config_text: str | None = None,
+          model_config_problem: str | None = None) -> capacity.Plan | tuple[str, str]:
+    """The capacity plan, or (reason, message) when the model or its draft cannot be planned at all.
+    With spec.modelConfigFrom, `model_config_text` is the config.json the shell read (reason
+    ModelConfigPending when it read none, as at admission, which cannot read ConfigMaps)."""
     assert spec.gpu is not None
     engine = spec.engine or Engine()
+    inline = spec.model_config_
+    if spec.model_config_from is not None:
+        ref = spec.model_config_from.config_map_key_ref
+        if model_config_problem:
+            return "ModelConfigUnavailable", f"{capacity.UNKNOWN_MODEL}: {model_config_problem}"
+        if model_config_text is None:
+            return "ModelConfigPending", f"spec.modelConfigFrom: ConfigMap {ref.name!r} key {ref.key!r} not read yet"
+        try:
+            inline = hfconfig.parse(model_config_text, f"spec.modelConfigFrom (ConfigMap {ref.name}, key {ref.key})")
+        except hfconfig.HFConfigError as exc:
+            return "InvalidModelConfig", str(exc)
     try:
-        model = catalog.lookup(spec.model, spec.model_config_)
+        model = catalog.lookup(spec.model, inline)
     except KeyError as exc:
         return "UnknownModel", f"{capacity.UNKNOWN_MODEL}: {exc.args[0]}"
     draft = None
