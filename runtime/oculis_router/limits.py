@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, Literal
 
 from oculis.router import Budget, LimitMatch, LimitOverride, Limits, Pricing, Route, ServerSettings
@@ -287,6 +288,12 @@ class Verdict:
     refusal: Refusal | None = None
 
 
+@lru_cache(maxsize=64)
+def iso(ts: float) -> str:
+    """A period's end as UTC ISO 8601 (the same few values all period long: memoised)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _money(d: float) -> str:
     """Cents always, tenths of a cent and below only when there are some: $0.50, $0.013, $1,234.00."""
     whole, frac = f"{d:,.6f}".split(".")
@@ -312,7 +319,7 @@ def rate_headers(counters: Sequence[Counter], states: Sequence[Mapping[int, floa
             h["x-ratelimit-reset-requests"] = duration(reset)
         elif c.kind == "budget":
             h["x-oculis-budget-remaining-dollars"] = f"{remaining:.6f}"
-            h["x-oculis-budget-reset"] = datetime.fromtimestamp(c.period_end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            h["x-oculis-budget-reset"] = iso(c.period_end)
         elif best is None or remaining < best[0]:
             best = (remaining, c, reset, slots)
     if best is not None:
@@ -360,7 +367,7 @@ def refusal_error(v: Verdict, route_name: str, now: float) -> LimitRefusal:
     c = r.counter
     headers = dict(v.headers)
     if c.kind == "budget":
-        reset = datetime.fromtimestamp(c.period_end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        reset = iso(c.period_end)
         wait = max(c.period_end - now, 0.0)
         msg = (f"budget exhausted on {_where(c, route_name)}: {_money(c.limit)} per {_period(c)} {_who(c)}; "
                f"spent {_money(r.used)}, this request may cost up to {_money(r.requested)}; it resets at {reset} "

@@ -373,7 +373,11 @@ class Hold:
         """Started, not awaited: the answer goes out without waiting on Redis (a round trip saved per
         request), and a client leaving cannot cancel it. Until it lands the count holds the
         reservation, which only errs on the side of the limit."""
-        if not self.ticket.settled:
+        if self.ticket.settled:
+            return
+        if isinstance(self.limiter.backend, MemoryBackend):  # no I/O to wait on: settled in place
+            await self.limiter.settle(self.ticket)
+        else:
             self.limiter.settle_soon(self.ticket)
 
 
