@@ -324,8 +324,9 @@ def verdict(current: dict[str, Any], fingerprint: dict[str, Any], slo_results: l
         return "FAIL", reasons
     if baseline is None and not slo_results:
         return None, ["no --compare and no --slo: nothing to judge"]
-    return "PASS", ["every SLO met" if slo_results else "", "no metric regressed beyond its limit"
-                    if baseline is not None else ""]
+    passed = (["every SLO met"] if slo_results else []) + (["no metric regressed beyond its limit"]
+                                                          if baseline is not None else [])
+    return "PASS", passed
 
 
 # ---- baselines -------------------------------------------------------------------------------------------
