@@ -47,7 +47,8 @@ def _given(args: argparse.Namespace) -> core.Multipliers | None:
     return core.Multipliers(w, r, "--write-multiplier/--read-multiplier")
 
 
-def run(args: argparse.Namespace, stdout: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
+    stdout = stdout or sys.stdout
     given = _given(args)
     for flag, v in (("--write-multiplier", args.write_multiplier), ("--read-multiplier", args.read_multiplier)):
         if v is not None and v < 0:

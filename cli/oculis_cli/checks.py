@@ -180,8 +180,9 @@ def baseline_line(path: str | None) -> core.Check:
     return core.baseline_check(path, None)
 
 
-def run(args: argparse.Namespace, stdout: TextIO = sys.stdout, python: bool = True) -> int:
+def run(args: argparse.Namespace, stdout: TextIO | None = None, python: bool = True) -> int:
     """Every check; `python=False` leaves out the extras (deps.py has printed them as text already)."""
+    stdout = stdout or sys.stdout
     checks, facts = cluster_checks(args)
     if "api" in facts:
         checks += core.speculative_checks(spec_facts(facts))

@@ -42,7 +42,8 @@ def resolve_window(args: argparse.Namespace, command: str) -> tuple[datetime, da
         return None
 
 
-def run(args: argparse.Namespace, stdout: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
+    stdout = stdout or sys.stdout
     try:
         group_by = cost_core.parse_group_by(args.group_by)
     except ValueError as exc:

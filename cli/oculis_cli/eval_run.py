@@ -44,7 +44,8 @@ def register(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, stdout: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
+    stdout = stdout or sys.stdout
     if args.tolerance_pp < 0:
         print(f"oculis eval run: --tolerance-pp {args.tolerance_pp:g} is negative; give the allowed drop, e.g. 2.0",
               file=sys.stderr)

@@ -101,7 +101,7 @@ def run_analyze(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: Tex
     if args.since is not None or args.start is not None:
         from oculis_cli import route_window
 
-        return route_window.run(args, stdout)
+        return route_window.run(args)  # writes to the current sys.stdout (a test's capture too)
     if args.config is None:
         print("oculis route analyze: give --config FILE to score a sample, or --since 7d for the route's metrics",
               file=sys.stderr)

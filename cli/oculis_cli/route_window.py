@@ -15,7 +15,8 @@ from oculis_cli.cost import resolve_window
 from oculis_cli.cost_sources import EXIT_USAGE, SourceError, counters, load_catalog, open_prometheus
 
 
-def run(args: argparse.Namespace, stdout: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
+    stdout = stdout or sys.stdout
     w = resolve_window(args, "route analyze")
     if w is None:
         return EXIT_USAGE

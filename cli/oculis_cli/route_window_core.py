@@ -93,7 +93,7 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
         upstreams = sorted({x.upstream for x in xs}) or [t.upstream for t in route.tiers if t.name == name]
         rows.append({"tier": name, "upstream": ",".join(upstreams), "requests": round(n),
                      "share": round(n / total_requests, 4) if total_requests else 0.0,
-                     "avg_cost": round(cost / n, 8) if n else None, "cost": round(cost, 6),
+                     "avg_cost": round(cost / n, 10) if n else None, "cost": round(cost, 6),
                      "est_monthly": round(cost * scale, 2)})
     escalated = {reason: v for (r, reason), v in c.escalations.items() if r == route.name and v > 0}
     n_esc = sum(escalated.values())

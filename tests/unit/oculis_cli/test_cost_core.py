@@ -1,0 +1,69 @@
+"""`oculis cost report`: attribution of the router's per-upstream dollars to routes and tiers."""
+
+from __future__ import annotations
+
+import pytest
+
+from oculis import Pricing
+from oculis_cli.cost_core import Counters, GPUCost, cells, parse_group_by, report, unattributed_dollars
+
+PRICES = {"small": Pricing(input_per_mtok=0.1, output_per_mtok=0.2),
+          "gpt": Pricing(input_per_mtok=2.5, output_per_mtok=10, cached_input_per_mtok=1.25)}
+
+
+def counters() -> Counters:
+    return Counters(
+        requests={("a", "cheap", "small", "ok"): 300, ("b", "cheap", "small", "ok"): 100,
+                  ("a", "cheap", "small", "cache_hit"): 50, ("a", "strong", "gpt", "ok"): 40,
+                  ("a", "strong", "gpt", "stream_broken"): 10, ("a", "-", "-", "error_429"): 5,
+                  ("gpt", "direct", "gpt", "ok"): 50},
+        prompt_tokens={"small": 40_000, "gpt": 100_000},
+        completion_tokens={"small": 8_000, "gpt": 20_000},
+        cached_tokens={"gpt": 60_000},
+        cost={"small": 0.0056, "gpt": 0.375, "ghost": 0.01},
+    )
+
+
+def test_an_upstreams_dollars_are_shared_by_its_billed_requests_and_the_total_is_the_metric() -> None:
+    cs = cells(counters(), PRICES)
+    by = {(x.route, x.tier, x.upstream): x for x in cs}
+    assert by[("a", "cheap", "small")].token_dollars == pytest.approx(0.0056 * 300 / 400)  # cache hits are free
+    assert by[("b", "cheap", "small")].token_dollars == pytest.approx(0.0056 * 100 / 400)
+    assert by[("a", "strong", "gpt")].token_dollars == pytest.approx(0.375 * 50 / 100)  # stream_broken is billed
+    assert by[("gpt", "direct", "gpt")].token_dollars == pytest.approx(0.375 * 50 / 100)
+    rep = report(cs, ["route"], unattributed_dollars(counters(), cs), "w", False)
+    assert rep["total"]["token_dollars"] == pytest.approx(sum(counters().cost.values()))
+    assert rep["total"]["unattributed_dollars"] == pytest.approx(0.01)  # an upstream no request reached
+    assert "exclude provider discounts and batch pricing" in rep["note"]
+
+
+def test_cached_prompt_tokens_are_priced_as_a_saving() -> None:
+    by = {(x.route, x.upstream): x for x in cells(counters(), PRICES)}
+    assert by[("a", "gpt")].cached_tokens == pytest.approx(30_000)
+    assert by[("a", "gpt")].cache_saving_dollars == pytest.approx(30_000 * (2.5 - 1.25) / 1e6)
+    assert by[("a", "small")].cache_saving_dollars == 0  # no cached price: nothing saved
+
+
+def test_self_hosted_gpu_hours_are_allocated_by_request_share() -> None:
+    cs = cells(counters(), PRICES, {"small": GPUCost(2.0, 4)}, window_hours=24)
+    rep = report(cs, ["route", "upstream"], 0.0, "w", True)
+    rows = {(r["route"], r["upstream"]): r for r in rep["rows"]}
+    assert rows[("a", "small")]["gpu_dollars"] == pytest.approx(2.0 * 4 * 24 * 0.75)
+    assert rep["total"]["gpu_dollars"] == pytest.approx(2.0 * 4 * 24)
+    assert rep["basis"]["gpu_dollars"].startswith("allocation")
+
+
+def test_group_by_sums_rows_and_counts_requests_once() -> None:
+    rep = report(cells(counters(), PRICES), ["route", "tier"], 0.0, "w", False)
+    rows = {(r["route"], r["tier"]): r for r in rep["rows"]}
+    assert rows[("a", "cheap")]["requests"] == 350 and rows[("a", "cheap")]["cache_hits"] == 50
+    assert rows[("a", "strong")]["dollars_per_1k_requests"] == pytest.approx(1000 * 0.1875 / 50)
+    assert rep["total"]["requests"] == 550  # the 5 refused before a tier are not any tier's
+
+
+@pytest.mark.parametrize(("raw", "says"), [("route,tenant", "no tenant label"), ("route,model", "group by"),
+                                           ("", "group by")])
+def test_group_by_refuses_what_the_metrics_cannot_split(raw: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        parse_group_by(raw)
+    assert parse_group_by("route, tier,route") == ["route", "tier"]
