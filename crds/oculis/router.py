@@ -215,9 +215,10 @@ class Limits(Model):
     """Request and token rates, counted over a rolling window (60 slices of it: a request is refused
     when it would take the last minute's or day's count past the limit, never by a window that resets)."""
 
-    per: LimitPer = "tenant"
-    """Who shares one count: tenant (the API key's digest, subdivided by X-Oculis-Tenant), key (the API
-    key, whatever X-Oculis-Tenant says) or route (everyone together)"""
+    per: LimitPer = "key"
+    """Who shares one count: key (the API key, whatever X-Oculis-Tenant says; the default, because a
+    client can send any header and would get a fresh count per value), tenant (the key subdivided by
+    X-Oculis-Tenant: for a gateway in front that sets the header) or route (everyone together)"""
     requests_per_minute: int | None = Field(None, ge=1)
     """Requests admitted in any 60 s"""
     tokens_per_minute: int | None = Field(None, ge=1)
@@ -235,15 +236,16 @@ class Budget(Model):
     """Spend allowed per period; a request reserves its worst-case cost (the priciest tier it may reach)"""
     period: Literal["hour", "day", "month"] = "day"
     """The spend starts again from zero at each UTC hour, day or month"""
-    per: LimitPer = "tenant"
-    """Who shares one budget: tenant, key or route"""
+    per: LimitPer = "key"
+    """Who shares one budget: key (the default), tenant or route, as for limits"""
 
 
 class LimitMatch(Model):
     """Which requests an override applies to; all given fields must hold."""
 
     tenant: str | None = Field(None, min_length=1, max_length=256)
-    """The X-Oculis-Tenant header's value"""
+    """The X-Oculis-Tenant header's value: trust it only when a gateway in front sets the header (any
+    client can send it), else match key_sha256 too"""
     key_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{8,64}$")
     """The API key's SHA-256 in hex, or its first 8 or more digits (`printf %s "$KEY" | sha256sum`):
     the key itself never appears in a config"""

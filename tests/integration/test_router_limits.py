@@ -314,7 +314,7 @@ def test_calls_naming_an_upstream_take_the_server_limits(router: RouterHandle, f
     assert [a.status_code for a in answers] == [200, 200, 429]
     assert answers[2].json()["error"]["code"] == "rate_limit_exceeded"
     assert "this router (server defaults)" in answers[2].json()["error"]["message"]
-    assert post(router, body, key="sk-two").status_code == 200  # per tenant: another key has its own
+    assert post(router, body, key="sk-two").status_code == 200  # per key (the default): another key has its own
 
 
 def test_a_stream_the_client_cuts_settles_what_it_relayed_not_its_reservation(router: RouterHandle,

@@ -152,7 +152,7 @@ def test_a_rate_refusal_says_slow_down_with_openai_code_headers_and_when() -> No
     err = L.refusal_error(v, "adaptive", NOW)
     body = err.body()["error"]
     assert (err.status, body["code"], body["type"]) == (429, "rate_limit_exceeded", "tokens")
-    assert "tokens_per_minute is 2000 per tenant" in body["message"] and "used 1990" in body["message"]
+    assert "tokens_per_minute is 2000 per key" in body["message"] and "used 1990" in body["message"]
     assert "needs 50" in body["message"] and "try again in" in body["message"]
     wait = c.leaves_at(c.slot - 10) - NOW
     assert err.headers["retry-after"] == str(int(-(-wait // 1)))
@@ -170,7 +170,7 @@ def test_a_request_larger_than_the_whole_limit_is_told_it_can_never_fit() -> Non
     assert err.headers["x-should-retry"] == "false" and "retry-after" not in err.headers
 
 
-def budget_counter(dollars: float = 1.0, per: str = "tenant") -> L.Counter:
+def budget_counter(dollars: float = 1.0, per: str = "key") -> L.Counter:
     pol = L.Policy(None, "", Budget(dollars=dollars, period="day", per=per), "adaptive")
     return L.counters_for(pol, ALICE, "adaptive", NOW)[0]
 
@@ -181,7 +181,7 @@ def test_an_exhausted_budget_says_stop_until_its_period_ends_and_outranks_a_rate
     err = L.refusal_error(v, "adaptive", NOW)
     body = err.body()["error"]
     assert (err.status, body["code"], body["type"]) == (429, "insufficient_quota", "insufficient_quota")
-    assert "$1.00 per day per tenant" in body["message"] and "resets at" in body["message"]
+    assert "$1.00 per day per key" in body["message"] and "resets at" in body["message"]
     assert err.headers["x-should-retry"] == "false"  # SDKs retry 429s: a spent budget is not worth retrying
     assert int(err.headers["retry-after"]) == pytest.approx(b.period_end - NOW, abs=1)
     assert err.kind == "budget"
@@ -301,7 +301,7 @@ def test_the_budget_gauge_shows_a_bounded_number_of_subjects_closest_to_their_bu
     lines = [ln for ln in text.splitlines() if ln.startswith("oculis_budget_remaining_dollars{")]
     assert len(lines) == 20
     assert min(float(ln.rsplit(" ", 1)[1]) for ln in lines) == pytest.approx(10 - 4.99)
-    assert all('subject="t-' in ln and "sk-" not in ln for ln in lines)
+    assert all('subject="k-' in ln and "sk-" not in ln for ln in lines)  # per key by default: digests
 
 
 class DownBackend:
@@ -347,3 +347,10 @@ def test_a_store_that_is_down_is_answered_per_on_backend_error_and_left_alone_a_
         return seen
 
     assert asyncio.run(run()) == ["allowed" if policy == "allow" else "refused"] * 5
+
+
+def test_by_default_a_client_cannot_get_fresh_counts_by_varying_x_oculis_tenant() -> None:
+    pol = L.policy_for(ServerSettings(limits=Limits(tokens_per_minute=10)), None, ALICE)
+    spoofed = [L.identity_of({"authorization": "Bearer sk-alice", "x-oculis-tenant": f"t{i}"}, f"key-aaaa/t{i}")
+               for i in range(3)]
+    assert len({L.counters_for(pol, w, "r", NOW)[0].key for w in [ALICE, *spoofed]}) == 1
