@@ -26,6 +26,8 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, Literal
 
+from starlette.responses import JSONResponse
+
 from oculis.router import Budget, LimitMatch, LimitOverride, Limits, Pricing, Route, ServerSettings
 from oculis_router.errors import APIError
 from oculis_router.usage import Usage, cost_dollars
@@ -277,7 +279,7 @@ class LimitRefusal(APIError):
         super().__init__(status, message, type_=type_, code=code)
         self.headers, self.kind = headers, kind
 
-    def response(self, headers: dict[str, str] | None = None) -> Any:
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
         return super().response({**self.headers, **(headers or {})})
 
 
