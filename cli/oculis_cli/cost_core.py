@@ -143,7 +143,7 @@ def report(cs: list[Cell], group_by: list[str], unattributed: float, window: str
     for key, g in sorted(groups.items()):
         row: dict[str, Any] = dict(zip(group_by, key, strict=True))
         row.update(_rounded(g))
-        row["dollars_per_1k_requests"] = round(1000 * g["token_dollars"] / g["requests"], 6) if g["requests"] else None
+        row["dollars_per_1k_requests"] = round(1000 * g["token_dollars"] / g["requests"], 10) if g["requests"] else None
         rows.append(row)
     totals: dict[str, float] = defaultdict(float)
     for g in groups.values():
@@ -154,7 +154,7 @@ def report(cs: list[Cell], group_by: list[str], unattributed: float, window: str
         "window": window,
         "group_by": group_by,
         "rows": rows,
-        "total": _rounded(totals) | {"unattributed_dollars": round(unattributed, 6)},
+        "total": _rounded(totals) | {"unattributed_dollars": round(unattributed, 10)},
         "basis": {
             "token_dollars": "usage: oculis_cost_dollars_total, shared out by each route/tier's share of the "
                              "upstream's requests",
@@ -171,7 +171,7 @@ def _rounded(g: dict[str, float]) -> dict[str, Any]:
     for k in ("requests", "cache_hits", "prompt_tokens", "completion_tokens", "cached_tokens"):
         out[k] = round(g.get(k, 0.0))
     for k in ("token_dollars", "cache_saving_dollars", "gpu_dollars"):
-        out[k] = round(g.get(k, 0.0), 6)
+        out[k] = round(g.get(k, 0.0), 10)
     return out
 
 

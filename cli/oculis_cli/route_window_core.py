@@ -93,7 +93,7 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
         upstreams = sorted({x.upstream for x in xs}) or [t.upstream for t in route.tiers if t.name == name]
         rows.append({"tier": name, "upstream": ",".join(upstreams), "requests": round(n),
                      "share": round(n / total_requests, 4) if total_requests else 0.0,
-                     "avg_cost": round(cost / n, 10) if n else None, "cost": round(cost, 6),
+                     "avg_cost": round(cost / n, 10) if n else None, "cost": round(cost, 10),
                      "est_monthly": round(cost * scale, 2)})
     escalated = {reason: v for (r, reason), v in c.escalations.items() if r == route.name and v > 0}
     n_esc = sum(escalated.values())
@@ -101,12 +101,12 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
     return {
         "route": route.name,
         "tiers": rows,
-        "total": {"requests": round(total_requests), "cost": round(total_cost, 6),
+        "total": {"requests": round(total_requests), "cost": round(total_cost, 10),
                   "est_monthly": round(total_cost * scale, 2)},
-        "baseline": {"tier": strongest.name, "upstream": strongest.upstream, "cost": round(baseline, 6),
+        "baseline": {"tier": strongest.name, "upstream": strongest.upstream, "cost": round(baseline, 10),
                      "est_monthly": round(baseline * scale, 2),
                      "rule": f"each request's real tokens re-priced at {strongest.upstream}'s prices"},
-        "saving": {"dollars": round(saving, 6), "est_monthly": round(saving * scale, 2),
+        "saving": {"dollars": round(saving, 10), "est_monthly": round(saving * scale, 2),
                    "percent": round(100 * saving / baseline, 2) if baseline else None},
         "escalation": {"escalated": round(n_esc), "of_requests": round(total_requests),
                        "rate": round(n_esc / total_requests, 4) if total_requests else None,
@@ -114,5 +114,5 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
                        "rule": "requests moved up a tier / all requests the route answered in the window"},
         "monthly_scaling": f"est_monthly = window cost x {MONTH_DAYS} d / {window_seconds / 86400:.4g} d "
                            f"= x {scale:.4g}",
-        "scale": round(scale, 6),
+        "scale": round(scale, 10),
     }

@@ -1,0 +1,187 @@
+"""The measurement commands against a real Prometheus scraping a real `oculis serve` after a burst of
+traffic: `route analyze --since` gives the seed's table with the router's own counts, `cost report`
+agrees with oculis_cost_dollars_total, `cache advise` reads the cached-token share; an unreachable
+Prometheus is one line and exit 5."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from fake_upstreams import free_port
+from router_support import Fakes
+from test_router_processes import start_router
+
+from oculis_cli.main import main
+from oculis_cli.prom import PromError, Prometheus
+
+pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+
+HARD = Path(__file__).resolve().parents[3] / "shared" / "data" / "routing" / "mmlu" / "mmlu_college_mathematics.csv"
+PRICES = {"llama-8b": (0.05, 0.08, None), "llama-70b": (0.35, 0.4, None), "gpt4o": (2.5, 10.0, 1.25)}
+
+
+@dataclass
+class World:
+    config: Path
+    prom: str
+    tiers: Counter[str]  # X-Oculis-Tier of every answer the route gave
+    hits: int  # answers served from the response cache
+    upstream_calls: Counter[str]  # answers that reached each upstream
+    cost_metric: float
+
+
+def _prompts() -> list[str]:
+    hard: list[str] = []
+    if HARD.is_file():
+        with HARD.open() as f:
+            reader = csv.reader(f)
+            next(reader)
+            hard = [row[0] for row in list(reader)[:12]]
+    easy = ["hi", "thanks!", "what time is it?", "say hello", "good morning", "ok"]
+    return easy * 3 + hard
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    tmp = tmp_path_factory.mktemp("measure")
+    fakes = Fakes()
+    for s in fakes.servers.values():
+        s.__enter__()
+    fakes.scripts["frontier"].cached_tokens = 4  # 4 of gpt-4o's 10 prompt tokens come from its prompt cache
+    cfg = tmp / "oculis-config.yaml"
+    cfg.write_text(yaml.safe_dump(fakes.config()))
+    router, url, mport = start_router(cfg, tmp / "router.log")
+    pport = free_port()
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": "oculis", "static_configs": [{"targets": [f"127.0.0.1:{mport}"]}]}]}))
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{pport}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    purl = f"http://127.0.0.1:{pport}"
+    try:
+        tiers: Counter[str] = Counter()
+        calls: Counter[str] = Counter()
+        hits = 0
+        with httpx.Client(timeout=30, headers={"authorization": "Bearer sk-client"}) as client:
+            bodies: list[dict[str, Any]] = [
+                {"messages": [{"role": "user", "content": p}], "temperature": 0.7} for p in _prompts()]
+            bodies += [{"messages": [{"role": "user", "content": "cache me"}], "temperature": 0}] * 3
+            for body in bodies:
+                r = client.post(url + "/v1/chat/completions", json={"model": "adaptive", **body})
+                assert r.status_code == 200, r.text
+                tiers[r.headers["x-oculis-tier"]] += 1
+                if r.headers["x-oculis-cache"] == "hit":
+                    hits += 1
+                else:
+                    calls[r.headers["x-oculis-upstream"]] += 1
+        assert hits == 2 and len(tiers) >= 2, (tiers, hits)  # the burst reaches more than one tier
+        with Prometheus(purl) as p:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # Prometheus up, and a scrape after the last request
+                try:
+                    if p.wait_scraped(time.time(), timeout=10):
+                        break
+                except PromError:  # not answering yet
+                    time.sleep(0.3)
+            cost = p.scalar("sum(oculis_cost_dollars_total)")
+        assert cost is not None and cost > 0
+        yield World(cfg, purl, tiers, hits, calls, cost)
+    finally:
+        prom.terminate()
+        router.terminate()
+        prom.wait(10)
+        router.wait(10)
+        for s in fakes.servers.values():
+            s.__exit__()
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, Any]:
+    code = main(argv)
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip().startswith("{") else out
+
+
+def test_route_analyze_since_gives_the_seed_table_from_the_routers_counters(
+        world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    code, rep = _json(capsys, ["route", "analyze", "--route", "adaptive", "--since", "15m", "--config",
+                               str(world.config), "--prometheus-url", world.prom, "-o", "json"])
+    assert code == 0
+    tiers = {t["tier"]: t for t in rep["tiers"]}
+    assert {k: v["requests"] for k, v in tiers.items() if v["requests"]} == dict(world.tiers)
+    assert rep["total"]["requests"] == sum(world.tiers.values())
+    assert rep["total"]["cost"] == pytest.approx(world.cost_metric, rel=1e-6)
+    # Every upstream call used 10 prompt and 3 completion tokens (4 of gpt-4o's prompt tokens cached):
+    # the baseline re-prices each call's own tokens at gpt-4o's prices; cache hits cost nothing either way.
+    own = world.upstream_calls["llama-8b"] + world.upstream_calls["llama-70b"]  # no prompt cache there
+    expected = own * (10 * 2.5 + 3 * 10) + world.upstream_calls["gpt4o"] * (6 * 2.5 + 4 * 1.25 + 3 * 10)
+    assert rep["baseline"]["cost"] == pytest.approx(expected / 1e6, rel=1e-6)
+    for name, t in tiers.items():
+        upstream = t["upstream"]
+        if world.upstream_calls[upstream]:
+            inp, outp, cached = PRICES[upstream]
+            per_call = (6 * inp + 4 * cached + 3 * outp) if cached else (10 * inp + 3 * outp)
+            assert t["cost"] == pytest.approx(world.upstream_calls[upstream] * per_call / 1e6, rel=1e-6), name
+    assert rep["scale"] == pytest.approx(30 * 86400 / 900)
+    assert rep["escalation"]["of_requests"] == rep["total"]["requests"]
+    code, text = _json(capsys, ["route", "analyze", "--route", "adaptive", "--since", "15m", "--config",
+                                str(world.config), "--prometheus-url", world.prom])
+    assert code == 0 and "est_monthly = window cost x 30 d" in text and "saving vs all-complex" in text
+    assert "escalation rate:" in text and "requests the route answered" in text
+
+
+def test_cost_report_agrees_with_the_cost_metric(world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    code, rep = _json(capsys, ["cost", "report", "--since", "15m", "--group-by", "route,tier,upstream",
+                               "--config", str(world.config), "--prometheus-url", world.prom, "-o", "json"])
+    assert code == 0
+    assert rep["total"]["token_dollars"] == pytest.approx(world.cost_metric, rel=1e-6)
+    assert sum(r["token_dollars"] for r in rep["rows"]) == pytest.approx(world.cost_metric, rel=1e-5)
+    gpt = [r for r in rep["rows"] if r["upstream"] == "gpt4o"]
+    if gpt:  # cached prompt tokens priced as the saving they are
+        assert gpt[0]["cache_saving_dollars"] == pytest.approx(gpt[0]["cached_tokens"] * (2.5 - 1.25) / 1e6)
+    assert "estimates" in rep["note"]
+    code, out = _json(capsys, ["cost", "report", "--since", "15m", "--config", str(world.config),
+                               "--prometheus-url", world.prom, "-o", "csv"])
+    assert code == 0 and out.splitlines()[0].startswith("route,tier,requests")
+
+
+def test_cache_advise_reads_the_cached_token_share(world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    if not world.upstream_calls["gpt4o"]:
+        pytest.skip("the burst did not reach gpt-4o")
+    code, rep = _json(capsys, ["cache", "advise", "--upstream", "gpt4o", "--since", "15m", "--config",
+                               str(world.config), "--prometheus-url", world.prom, "-o", "json"])
+    assert code == 0
+    assert {"break_even_hits", "min_hits"} <= set(rep)
+    # gpt-4o here: writes at the input price (w 1.0), reads at half (r 0.5): every hit pays
+    assert rep["break_even_hits"] == 0 and rep["min_hits"] == 1
+    assert rep["cache_read_token_share"] == pytest.approx(0.4) and rep["verdict"] == "pays"
+    code, rep = _json(capsys, ["cache", "advise", "--upstream", "gpt4o", "--since", "15m", "--config",
+                               str(world.config), "--prometheus-url", world.prom, "-o", "json",
+                               "--write-multiplier", "2", "--read-multiplier", "0.1"])
+    assert rep["min_hits"] == 2 and rep["verdict"] == "undetermined"  # >= 0.67 hits per write, break-even 1.11
+
+
+def test_unreachable_prometheus_and_bad_input_are_one_line(world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    for argv in (["route", "analyze", "--route", "adaptive", "--since", "1h"],
+                 ["cost", "report", "--since", "1h"], ["cache", "advise", "--since", "1h"]):
+        assert main([*argv, "--config", str(world.config), "--prometheus-url", dead]) == 5
+        err = capsys.readouterr().err
+        assert "unreachable" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert main(["route", "analyze", "--route", "nope", "--since", "1h", "--config", str(world.config),
+                 "--prometheus-url", world.prom]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert main(["cost", "report", "--since", "7days", "--config", str(world.config)]) == 2
+    assert "not a duration" in capsys.readouterr().err
