@@ -97,6 +97,7 @@ def gpuupstream_crd() -> dict[str, Any]:
         ("GPU", "string", ".status.gpu"), ("REPLICAS", "integer", ".spec.replicas"),
         ("READY-REPLICAS", "integer", ".status.readyReplicas"), ("READY", "string", f"{ready}.status"),
         ("REASON", "string", f"{ready}.reason"), ("KV-TOKENS", "integer", ".status.capacity.kvCacheTokens"),
+        ("OBSERVED-KV", "integer", ".status.capacity.observedTokens"),
         ("MAX-CONC", "integer", ".status.capacity.maxConcurrency"), ("AGE", "date", ".metadata.creationTimestamp"),
     ]
     return {

@@ -349,6 +349,12 @@ class Capacity(Model):
     """Tokens the KV cache holds"""
     max_concurrency: int
     """Sequences of the planned length that fit at once"""
+    planned_tokens: int | None = None
+    """KV tokens the plan expects the engine to report"""
+    observed_tokens: int | None = None
+    """KV tokens the running engines report (vllm:cache_config_info num_gpu_blocks, the smallest replica)"""
+    error_percent: float | None = None
+    """(planned - observed) / observed in %; above 5 raises CapacityOK reason PlanDrift"""
 
 
 class GPUUpstreamStatus(Model):

@@ -105,6 +105,7 @@ class Plan:
     cuda_graph_bytes: int = 0
     vllm_version: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    kv_blocks: int = 0  # blocks in vLLM's pool: what vllm:cache_config_info reports as num_gpu_blocks
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -221,18 +222,27 @@ def cuda_graph_bytes(model: ModelConfig, engine: Engine, version: tuple[int, int
 def kv_tokens(model: ModelConfig, tp: int, kv_cache_dtype: str, available: int, max_len: int, batched: int,
               hybrid: bool = True) -> tuple[int, str | None]:
     """The `GPU KV cache size` vLLM would log for `available` bytes per GPU, and a note when sliding-window
-    layers make it a concurrency figure. vLLM puts layers of one kind in groups of equal size that share
-    one block pool (kv_cache_utils): blocks = available // (page x group size); a request needs
-    cdiv(maxModelLen, block) blocks in a full-attention group and cdiv(min(window - 1 + batched tokens,
-    maxModelLen), block) + 1 in a sliding one; tokens = blocks / blocks-per-request x maxModelLen."""
+    layers make it a concurrency figure (see kv_pool)."""
+    tokens, _, note = kv_pool(model, tp, kv_cache_dtype, available, max_len, batched, hybrid)
+    return tokens, note
+
+
+def kv_pool(model: ModelConfig, tp: int, kv_cache_dtype: str, available: int, max_len: int, batched: int,
+            hybrid: bool = True) -> tuple[int, int, str | None]:
+    """(logged tokens, blocks in the pool = vllm:cache_config_info's num_gpu_blocks, note). vLLM puts layers
+    of one kind in groups of equal size that share one block pool (kv_cache_utils): blocks = available //
+    (page x group size); a request needs cdiv(maxModelLen, block) blocks in a full-attention group and
+    cdiv(min(window - 1 + batched tokens, maxModelLen), block) + 1 in a sliding one; tokens = blocks /
+    blocks-per-request x maxModelLen."""
     if available <= 0:
-        return 0, None
+        return 0, 0, None
     block = MLA_BLOCK if model.mla_latent_dim else BLOCK
     page = block * kv_bytes_per_layer(model, tp, kv_cache_dtype)
     window = model.sliding_window
     n_sliding = model.num_layers - (model.full_attention_layers or 0) if window else 0
     if not window or not hybrid or n_sliding <= 0 or window >= max_len:
-        return available // (page * model.num_layers) * block, None
+        blocks = available // (page * model.num_layers)
+        return blocks * block, blocks, None
     n_full = model.num_layers - n_sliding
     counts = [c for c in (n_full, n_sliding) if c > 0]
     group = min(counts)
@@ -243,9 +253,9 @@ def kv_tokens(model: ModelConfig, tp: int, kv_cache_dtype: str, available: int, 
     per_request = full_groups * math.ceil(max_len / block) \
         + sliding_groups * (math.ceil(min(window - 1 + batched, max_len) / block) + 1)
     tokens = int(blocks / per_request * max_len)
-    return tokens, (f"sliding window {window} on {n_sliding} of {model.num_layers} layers: vLLM's KV groups give "
-                    f"{blocks} blocks of {group} layers, {per_request} per request of maxModelLen {max_len}; "
-                    "the token figure is concurrency x maxModelLen, as vLLM logs it")
+    return tokens, blocks, (f"sliding window {window} on {n_sliding} of {model.num_layers} layers: vLLM's KV groups "
+                            f"give {blocks} blocks of {group} layers, {per_request} per request of maxModelLen "
+                            f"{max_len}; the token figure is concurrency x maxModelLen, as vLLM logs it")
 
 
 def resolve_engine(engine: Engine | None, traffic: Traffic | None, model: ModelConfig) -> tuple[int, int, int, int]:
@@ -302,14 +312,19 @@ def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = N
         overhead = activation_bytes(model, tp, n_seqs, n_batched, version) + non_torch + graphs
         return overhead, usable - weights - overhead
 
-    def tokens_for(budget: int, n_batched: int) -> tuple[int, str | None]:
+    def pool_for(budget: int, n_batched: int) -> tuple[int, int, str | None]:
         if extra_kv:
             block = MLA_BLOCK if model.mla_latent_dim else BLOCK
-            return max(0, budget) // (kv_tok * block) * block, None
-        return kv_tokens(model, tp, e.kv_cache_dtype, budget, max_len, n_batched, hybrid)
+            blocks = max(0, budget) // (kv_tok * block)
+            return blocks * block, blocks, None
+        return kv_pool(model, tp, e.kv_cache_dtype, budget, max_len, n_batched, hybrid)
+
+    def tokens_for(budget: int, n_batched: int) -> tuple[int, str | None]:
+        tokens, _, note = pool_for(budget, n_batched)
+        return tokens, note
 
     overhead, budget = overhead_and_budget(seqs, batched)
-    tokens, group_note = tokens_for(budget, batched)
+    tokens, blocks, group_note = pool_for(budget, batched)
     if group_note:
         notes.append(group_note)
     base: dict[str, Any] = dict(
@@ -319,7 +334,7 @@ def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = N
         safe_max_num_seqs=tokens // per_seq if per_seq else 0,
         safe_max_model_len=min(tokens, model.max_position_embeddings),
         requested_bytes=usable, activation_bytes=overhead - non_torch - graphs, non_torch_bytes=non_torch,
-        cuda_graph_bytes=graphs, vllm_version=f"{version[0]}.{version[1]}", notes=tuple(notes),
+        cuda_graph_bytes=graphs, vllm_version=f"{version[0]}.{version[1]}", notes=tuple(notes), kv_blocks=blocks,
     )
     where = (f"{model_name} on {gpu.key} x{tp}, gpuMemoryUtilization {e.gpu_memory_utilization}, vLLM "
              f"{version[0]}.{version[1]}: weights {weights / GiB:.2f} GiB/GPU, overhead ~{overhead / GiB:.2f} GiB, "
@@ -361,6 +376,22 @@ def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = N
                     f"{base['safe_max_model_len']}", refuse_at_admission=False, **base)
     return Plan(True, None, f"fits: {tokens} KV tokens hold {base['max_concurrency']} sequences of {per_seq} "
                 f"tokens ({where})", refuse_at_admission=False, **base)
+
+
+DRIFT_PERCENT = 5.0  # CapacityOK reason PlanDrift above this difference between plan and engine
+
+
+def observed_tokens(plan: Plan, num_gpu_blocks: int) -> int:
+    """The engine's token capacity from its num_gpu_blocks, on the plan's own scale: blocks x block size for
+    plain attention, the same concurrency x maxModelLen figure for KV groups."""
+    if plan.kv_blocks <= 0:
+        return 0
+    return round(plan.kv_cache_tokens * num_gpu_blocks / plan.kv_blocks)
+
+
+def drift_percent(planned: int, observed: int) -> float:
+    """How far the plan is from what the engine got, in % of the observed (> 0: the plan over-promised)."""
+    return round(100 * (planned - observed) / observed, 2) if observed else 100.0
 
 
 def largest_true(ok: Callable[[int], bool], upper: int) -> int:

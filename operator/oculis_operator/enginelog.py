@@ -117,3 +117,25 @@ def compare(planned_tokens: int, planned_kv_bytes: int, log: StartupLog) -> Comp
     within = None if error is None or logged is None else abs(error) <= max(TOLERANCE_GIB, TOLERANCE_SHARE * logged)
     return Comparison(planned_tokens, log.kv_tokens, round(planned_gib, 3), logged,
                       None if error is None else round(error, 3), None if share is None else round(share, 2), within)
+
+
+def prometheus_kv_blocks(url: str, namespace: str, name: str, timeout: float = 2.0) -> int | None:
+    """The smallest num_gpu_blocks the upstream's engine pods (<name>-vllm-...) report through
+    vllm:cache_config_info, from a Prometheus HTTP API; None when unset, unreachable or not scraped yet
+    (the plan is then simply not compared)."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    if not url:
+        return None
+    query = f'vllm:cache_config_info{{namespace="{namespace}",pod=~"{re.escape(name)}-vllm-.+"}}'
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}",
+                                    timeout=timeout) as resp:
+            body = json.load(resp)
+        blocks = [int(r["metric"]["num_gpu_blocks"]) for r in body["data"]["result"]
+                  if str(r.get("metric", {}).get("num_gpu_blocks", "")).isdigit()]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return min(blocks) if blocks else None

@@ -28,7 +28,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from oculis_operator import hfconfig, render, rollout, routeconfig
+from oculis_operator import enginelog, hfconfig, render, rollout, routeconfig
 from oculis_operator import reconcile as core
 from oculis_operator.admission import admission_verdict, admission_warning
 from oculis_operator.api_errors import api_error_line, going_away
@@ -39,6 +39,8 @@ from oculis_operator.metrics import OperatorMetrics
 ROUTES = "inferenceroutes"
 WEBHOOK_PORT = os.environ.get("OCULIS_WEBHOOK_PORT")
 RECHECK_SECONDS = float(os.environ.get("OCULIS_RECHECK_SECONDS", "10"))
+# Where the engines' vllm:cache_config_info is scraped, to compare the KV plan with what vLLM got; unset: no check.
+PROMETHEUS_URL = os.environ.get("OCULIS_PROMETHEUS_URL", "")
 WAITING_REASONS = {"SecretNotFound", "SecretKeyMissing"}
 EXTERNAL_EVERY = 6  # recheck rounds between looks at every external upstream's Secret
 log = logging.getLogger("oculis.operator")
@@ -289,6 +291,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         secret=kube.secret_state(ns, ref["name"], ref.get("key", "api-key")) if external and ref.get("name") else None,
         pending_reasons=kube.pending_reasons(ns, name) if rolling else [],
         service=service, pdb=pdb, model_config_text=config_text, model_config_problem=config_problem,
+        observed_kv_blocks=enginelog.prometheus_kv_blocks(PROMETHEUS_URL, ns, name) if dep is not None else None,
     )
 
     def spare(product: str) -> int:
@@ -305,7 +308,10 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     new_change = status.get("observedGeneration") != out.status.get("observedGeneration")
     if refused.get("status") == "False" and (before.get("status") != "False" or new_change):
         metrics.refusals.labels(refused.get("reason", "")).inc()  # once per refused change, not per reconcile
-    if external and ready.get("reason") in WAITING_REASONS:
+    # Ready but the engines' KV cache not seen yet (Prometheus scrapes after the pods start): look again.
+    awaiting_kv = bool(PROMETHEUS_URL) and not external and ready.get("status") == "True" and (
+        out.status.get("capacity") or {}).get("observedTokens") is None
+    if (external and ready.get("reason") in WAITING_REASONS) or awaiting_kv:
         kube.recheck.add((ns, name))
     else:
         kube.recheck.discard((ns, name))

@@ -43,6 +43,8 @@ class Observed:
     # spec.modelConfigFrom: the config.json text read from its ConfigMap, or why it could not be read
     model_config_text: str | None = None
     model_config_problem: str | None = None
+    # The smallest num_gpu_blocks the engine's replicas report (vllm:cache_config_info via Prometheus)
+    observed_kv_blocks: int | None = None
 
 
 @dataclass
@@ -139,7 +141,7 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
                        plan.message)
     status["capacity"] = {"gpuMemoryBytes": plan.gpu_memory_bytes, "weightsBytesPerGpu": plan.weights_bytes_per_gpu,
                           "kvBytesPerToken": plan.kv_bytes_per_token, "kvCacheTokens": plan.kv_cache_tokens,
-                          "maxConcurrency": plan.max_concurrency}
+                          "maxConcurrency": plan.max_concurrency, "plannedTokens": plan.kv_cache_tokens}
     conds.set("CapacityOK", "True", "Fits", plan.message)
     resolved = {"max_model_len": plan.max_model_len, "max_num_seqs": plan.max_num_seqs,
                 "max_num_batched_tokens": plan.max_num_batched_tokens}
@@ -199,6 +201,8 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
     status["rollout"] = strategy_reason
     done = _report_progress(obs, existing, desired_hash, out.deployment_patch is not None or existing is None,
                             conds, status)
+    if done:
+        _check_plan(obs, plan, conds, status, out)
     if reverted:
         # Never Ready while a live object differs from what we own; the next reconcile sees the revert.
         conds.set("Ready", "False", "DriftReverted", f"hand edits reverted ({'; '.join(reverted)}); waiting for the "
@@ -211,6 +215,33 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
             out.warnings.append(problem)
     out.status = {**status, "conditions": conds.items}
     return out
+
+
+def _check_plan(obs: Observed, plan: capacity.Plan, conds: Conditions, status: dict[str, Any], out: Outcome) -> None:
+    """Once every replica runs the planned engine: the KV cache it reports against the plan (status.capacity
+    observedTokens/errorPercent), and CapacityOK reason PlanDrift above 5 %."""
+    cap = status["capacity"]
+    before = obs.status.get("capacity") or {}
+    if obs.observed_kv_blocks is None:  # no reading this time: keep the last one for the same plan
+        if before.get("observedTokens") is not None and before.get("plannedTokens") == plan.kv_cache_tokens:
+            cap.update(observedTokens=before["observedTokens"], errorPercent=before.get("errorPercent"))
+        else:
+            return
+    else:
+        seen = capacity.observed_tokens(plan, obs.observed_kv_blocks)
+        cap.update(observedTokens=seen, errorPercent=capacity.drift_percent(plan.kv_cache_tokens, seen))
+    seen, err = cap["observedTokens"], cap["errorPercent"]
+    if err is None or abs(err) <= capacity.DRIFT_PERCENT:
+        return
+    holds = seen >= plan.max_model_len and plan.max_num_seqs * plan.tokens_per_seq <= seen
+    msg = (f"the engines report {seen} KV tokens, the plan {plan.kv_cache_tokens} ({err:+.1f} %, more than "
+           f"{capacity.DRIFT_PERCENT:g} %): " + ("the observed cache still holds maxModelLen "
+           f"{plan.max_model_len} and maxNumSeqs {plan.max_num_seqs} x {plan.tokens_per_seq} tokens" if holds else
+           f"the observed cache cannot hold maxNumSeqs {plan.max_num_seqs} x {plan.tokens_per_seq} planned tokens "
+           f"(or maxModelLen {plan.max_model_len}); lower maxNumSeqs to {seen // max(1, plan.tokens_per_seq)}") +
+           "; compare with the engine's 'Available KV cache memory' log line (oculis capacity check --log)")
+    conds.set("CapacityOK", "True" if holds else "False", "PlanDrift", msg)
+    out.warnings.append(("PlanDrift", msg))
 
 
 def unhostable(spec: GPUUpstreamSpec, nodes: rollout.Pool) -> tuple[str, str] | None:
