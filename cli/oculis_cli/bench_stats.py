@@ -212,7 +212,7 @@ def check_slos(metrics: dict[str, Any], slos: list[Slo]) -> list[dict[str, Any]]
     out = []
     for s in slos:
         observed = get(metrics, s.key)
-        out.append({"slo": s.text, "observed": observed,
+        out.append({"slo": s.text, "observed": observed, "unit": "ms" if s.metric in LATENCY else "",
                     "met": None if observed is None else s.holds(observed)})
     return out
 
@@ -228,11 +228,12 @@ class Gate:
 
 GATES = (
     Gate("throughput_tok_s", "higher", "throughput"), Gate("requests_per_s", "higher", "throughput"),
-    Gate("goodput_rps", "higher", "throughput"),
+    Gate("goodput_rps", "higher", "throughput"), Gate("goodput_share", "higher", "info"),
     Gate("ttft_ms.p50", "lower", "latency"), Gate("ttft_ms.p95", "lower", "latency"),
     Gate("ttft_ms.p99", "lower", "info"),
     Gate("tpot_ms.p50", "lower", "latency"), Gate("tpot_ms.p95", "lower", "latency"),
-    Gate("itl_ms.p95", "lower", "info"),
+    Gate("tpot_ms.p99", "lower", "info"),
+    Gate("itl_ms.p50", "lower", "info"), Gate("itl_ms.p95", "lower", "info"), Gate("itl_ms.p99", "lower", "info"),
     Gate("e2e_ms.p50", "lower", "latency"), Gate("e2e_ms.p95", "lower", "latency"),
     Gate("e2e_ms.p99", "lower", "info"),
     Gate("error_rate", "lower", "errors"), Gate("cost_per_1k_requests", "lower", "cost"),
@@ -260,18 +261,19 @@ def delta(baseline: dict[str, Any], current: dict[str, Any], tol: Tolerances) ->
         change = c - b
         pct = (change / b * 100) if b else (0.0 if change == 0 else math.copysign(math.inf, change))
         worse = change < 0 if g.better == "higher" else change > 0
+        # beyond the limit either way: a move inside it is noise, neither a regression nor an improvement
         if g.kind == "throughput":
-            beyond = -pct > tol.throughput_pct
+            beyond = abs(pct) > tol.throughput_pct
         elif g.kind == "latency":
-            beyond = pct > tol.latency_pct and change > tol.latency_floor_ms
+            beyond = abs(pct) > tol.latency_pct and abs(change) > tol.latency_floor_ms
         elif g.kind == "errors":
-            beyond = change * 100 > tol.error_rate_pp
+            beyond = abs(change) * 100 > tol.error_rate_pp
         elif g.kind == "cost":
-            beyond = pct > tol.cost_pct
+            beyond = abs(pct) > tol.cost_pct
         else:
             beyond = False
         status = "info" if g.kind == "info" else ("regressed" if worse and beyond else
-                                                  "improved" if not worse and change != 0 else "ok")
+                                                  "improved" if beyond else "ok")
         limit = {"throughput": f"-{tol.throughput_pct:g}%", "latency": f"+{tol.latency_pct:g}% and "
                  f"+{tol.latency_floor_ms:g}ms", "errors": f"+{tol.error_rate_pp:g}pp",
                  "cost": f"+{tol.cost_pct:g}%"}.get(g.kind)
@@ -292,7 +294,7 @@ def verdict(current: dict[str, Any], fingerprint: dict[str, Any], slo_results: l
     reasons: list[str] = []
     failed = [r for r in slo_results if r["met"] is False]
     unmeasured = [r for r in slo_results if r["met"] is None]
-    reasons += [f"SLO {r['slo']} missed: observed {r['observed']:.4g}" for r in failed]
+    reasons += [f"SLO {r['slo']} missed: observed {r['observed']:.4g}{r.get('unit', '')}" for r in failed]
     inconclusive: list[str] = [f"SLO {r['slo']}: not measured in this run" for r in unmeasured]
     if baseline is not None:
         if baseline_fingerprint is None:
