@@ -107,7 +107,10 @@ def _pricing(args: argparse.Namespace) -> tuple[dict[str, Pricing], Pricing | No
             cfg = read_config(args.config)
         except ConfigError as exc:
             raise InputError(str(exc).splitlines()[0]) from None
-        return {u.name: u.pricing for u in cfg.upstreams}, None
+        # by upstream name (the router's x-oculis-upstream header), and by model for a server called
+        # directly (vLLM answers without that header; --route is then the model)
+        by_model = {u.model: u.pricing for u in cfg.upstreams if u.model}
+        return {**by_model, **{u.name: u.pricing for u in cfg.upstreams}}, None
     return {}, None
 
 
@@ -508,7 +511,7 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
     cost_note = "not priced: give --config (the router's config) or --pricing IN,OUT"
     for r in results:
         u = r.usage
-        price = inp["flat_price"] or (inp["prices"].get(r.upstream) if r.upstream else None)
+        price = inp["flat_price"] or inp["prices"].get(r.upstream or args.route)
         if r.ok and price is not None:
             from oculis_router.usage import Usage
 

@@ -1,0 +1,75 @@
+"""`oculis bench run` refuses bad input before sending anything: one line naming the flag, exit 2; an
+unreachable target is exit 5. Output renderers say "simulated" wherever the figures are."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oculis_cli.bench import render_csv, render_table
+from oculis_cli.bench_stats import RequestResult, summarize
+from oculis_cli.main import main
+
+UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens there
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--profile", "nope"], "--profile 'nope': neither a built-in profile"),
+    (["--duration", "10"], "--duration '10' is not a duration"),
+    (["--duration", "0s"], "--duration '0s' is zero"),
+    (["--warmup", "soon"], "--warmup 'soon' is not a duration"),
+    (["--rate", "0"], "--rate 0 is not positive"),
+    (["--concurrency", "0"], "--concurrency 0 is below 1"),
+    (["--burstiness", "-1"], "--burstiness -1 is not positive"),
+    (["--slo", "ttft_p95<fast"], "--slo 'ttft_p95<fast' is not an SLO"),
+    (["--pricing", "0.1"], "--pricing '0.1': give two non-negative numbers"),
+    (["--pricing", "a,b"], "--pricing 'a,b'"),
+    (["--api-key-env", "OCULIS_BENCH_TEST_UNSET"], "--api-key-env OCULIS_BENCH_TEST_UNSET: not set"),
+    (["--url", "127.0.0.1:8080"], "--url '127.0.0.1:8080' is not an http(s) URL"),
+    (["--tolerance", "-5"], "--tolerance -5 is negative"),
+    (["--compare", "/nonexistent/base.json"], "cannot read --compare /nonexistent/base.json"),
+])
+def test_bad_input_is_one_line_naming_the_flag_with_exit_2(extra: list[str], says: str,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "run", "--route", "r", "--url", UNREACHABLE, "--no-progress", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oculis bench run: ") and says in err and err.count("\n") == 1
+
+
+def test_a_baseline_that_is_no_benchmark_result_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "b.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    assert main(["bench", "run", "--route", "r", "--url", UNREACHABLE, "--compare", str(bad)]) == 2
+    assert "neither an `oculis bench run --save` file" in capsys.readouterr().err
+
+
+def test_an_unreachable_target_exits_5(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "run", "--route", "r", "--url", UNREACHABLE, "--duration", "1s"]) == 5
+    err = capsys.readouterr().err
+    assert f"--url {UNREACHABLE}: target unreachable" in err and err.count("\n") == 1
+
+
+def _doc(simulated: bool) -> dict[str, Any]:
+    rs = [RequestResult(i, float(i), ok=True, ttft_s=0.05, e2e_s=0.5, output_tokens=10, simulated=simulated)
+          for i in range(5)]
+    wl = {"profile": "chat", "dataset_hash": "sha256:x", "seed": 42, "route": "r", "duration_s": 5.0,
+          "warmup_s": 0.0, "load": {"concurrency": 2}}
+    return {"verdict": None, "reasons": [], "simulated": simulated, "workload": wl, "workload_hash": "f",
+            "current": summarize(rs, 5.0), "baseline": None, "delta": None, "slos": [], "warnings": []}
+
+
+@pytest.mark.parametrize("simulated", [True, False])
+def test_table_and_csv_say_simulated_exactly_when_the_answers_were(simulated: bool) -> None:
+    table, sheet = io.StringIO(), io.StringIO()
+    render_table(_doc(simulated), table)
+    render_csv(_doc(simulated), sheet)
+    assert table.getvalue().startswith("SIMULATED") is simulated
+    assert ("(simulated)" in table.getvalue()) is simulated
+    rows = list(csv.DictReader(io.StringIO(sheet.getvalue())))
+    assert rows and {r["simulated"] for r in rows} == {str(simulated).lower()}
+    assert next(r for r in rows if r["metric"] == "ttft_ms.p50")["current"] == "50.0"
