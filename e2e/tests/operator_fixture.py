@@ -36,7 +36,10 @@ class OperatorProcess:
                     "OCULIS_RECHECK_SECONDS": "1",
                     "OCULIS_METRICS_PORT": str(free_port()), "OCULIS_METRICS_ADDR": "127.0.0.1",
                     "OCULIS_WEBHOOK_ADDR": "127.0.0.1", "OCULIS_WEBHOOK_HOST": "127.0.0.1",
-                    "OCULIS_WEBHOOK_CERT": str(cert), "OCULIS_WEBHOOK_KEY": str(key), "OCULIS_WEBHOOK_CA": str(cert)}
+                    "OCULIS_WEBHOOK_CERT": str(cert), "OCULIS_WEBHOOK_KEY": str(key), "OCULIS_WEBHOOK_CA": str(cert),
+                    # the sandbox's Prometheus (e2e/cluster serve-pods), for the plan-vs-engine KV check
+                    "OCULIS_PROMETHEUS_URL":
+                        f"http://127.0.0.1:{os.environ.get('OCULIS_E2E_PROMETHEUS_PORT', '29090')}"}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

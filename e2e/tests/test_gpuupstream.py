@@ -88,7 +88,7 @@ def test_create_renders_vllm_on_the_right_gpus_and_becomes_ready(world: World, b
     table = subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "gu", "-n", world.ns],
                            capture_output=True, text=True, check=True).stdout
     assert table.split("\n")[0].split() == ["NAME", "PROVIDER", "MODEL", "GPU", "REPLICAS", "READY-REPLICAS", "READY",
-                                            "REASON", "KV-TOKENS", "MAX-CONC", "AGE"]
+                                            "REASON", "KV-TOKENS", "OBSERVED-KV", "MAX-CONC", "AGE"]
     assert "H100-80GB x1" in table and "AllReplicasReady" in table
 
 
