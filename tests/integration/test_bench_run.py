@@ -113,7 +113,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def bench(stack: Stack, url: str, tmp: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
     out = tmp / "out.json"
     argv = [sys.executable, "-m", "oculis_cli.main", "bench", "run", "--route", "bench", "--profile",
-            str(stack.profile), "--url", url, "--concurrency", "8", "--duration", "4s", "--warmup", "1s",
+            str(stack.profile), "--url", url, "--concurrency", "8", "--duration", "3s", "--warmup", "1s",
             "--prometheus-url", stack.prom, "--config", str(stack.config), "-o", "json", *extra]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
     out.write_text(proc.stdout)
