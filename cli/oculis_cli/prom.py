@@ -105,7 +105,8 @@ class Prometheus:
         if after is None:
             return None
         before = self.scalar(f"sum({counter_expr})", start) or 0.0
-        return max(after - before, 0.0)  # a restart inside the window resets counters: never negative
+        # a restart inside the window reset the counter: count what it reached since (as `deltas` does)
+        return after - before if after >= before else after
 
     def deltas(self, counter_expr: str, by: tuple[str, ...], start: float, end: float) -> dict[tuple[str, ...], float]:
         """`delta` per label set: how much `sum by (by) (counter_expr)` grew between two instants, keyed
