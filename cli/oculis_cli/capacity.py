@@ -272,6 +272,8 @@ def run_check(args: argparse.Namespace) -> int:
     if args.vllm_version is None and log.version:
         args.vllm_version = f"{log.version[0]}.{log.version[1]}"
     args.enforce_eager = log.enforce_eager
+    if args.quantization is None and log.quantization in ("awq", "gptq", "fp8", "compressed-tensors"):
+        args.quantization = log.quantization  # the engine's --quantization (a config.json's own wins in the plan)
     common = _common("check", args)
     if isinstance(common, int):
         return common

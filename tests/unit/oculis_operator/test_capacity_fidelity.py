@@ -153,7 +153,11 @@ CATALOG_FIXTURES = {
     "meta-llama/Llama-3.1-8B-Instruct": "Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct":
     "Llama-3.1-70B-Instruct", "Qwen/Qwen2.5-7B-Instruct": "Qwen2.5-7B-Instruct", "Qwen/Qwen3-8B": "Qwen3-8B",
     "Qwen/Qwen3-0.6B": "Qwen3-0.6B", "mistralai/Mixtral-8x7B-Instruct-v0.1": "Mixtral-8x7B-Instruct-v0.1",
-    "deepseek-ai/DeepSeek-V3": "DeepSeek-V3",
+    "deepseek-ai/DeepSeek-V3": "DeepSeek-V3", "meta-llama/Llama-3.3-70B-Instruct": "Llama-3.1-70B-Instruct",
+    "Qwen/Qwen2.5-72B-Instruct": "Qwen2.5-72B-Instruct", "Qwen/Qwen3-32B": "Qwen3-32B",
+    "Qwen/Qwen3-30B-A3B": "Qwen3-30B-A3B", "mistralai/Mistral-Small-24B-Instruct-2501":
+    "Mistral-Small-24B-Instruct-2501", "openai/gpt-oss-20b": "gpt-oss-20b", "openai/gpt-oss-120b": "gpt-oss-120b",
+    "google/gemma-3-27b-it": "gemma-3-27b-it",
 }
 
 
@@ -162,7 +166,8 @@ def test_catalog_matches_the_real_config_json(model: str, fixture: str) -> None:
     entry, real = catalog.lookup(model), hf(fixture)
     for f in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size",
               "max_position_embeddings", "mla_latent_dim", "tie_word_embeddings", "intermediate_size",
-              "num_experts", "num_experts_per_tok", "moe_intermediate_size", "quantization", "sliding_window"):
+              "num_experts", "num_experts_per_tok", "moe_intermediate_size", "quantization", "sliding_window",
+              "full_attention_layers", "head_dim"):
         assert getattr(entry, f) == getattr(real, f), f
     assert capacity.kv_bytes_per_token(entry, 1) == capacity.kv_bytes_per_token(real, 1)
     assert entry.params_billions == pytest.approx(real.params_billions, rel=0.005)  # model card vs counted
