@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from oculis import __version__
-from oculis_cli import bench, cache_advise, capacity, cost, deps, eval_run, route, serve
+from oculis_cli import bench, cache_advise, capacity, classifier, cost, deps, eval_run, route, serve
 
 
 class Parser(argparse.ArgumentParser):
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     eval_run.register(sub)
     cost.register(sub)
     cache_advise.register(sub)
+    classifier.register(sub)
     _register_sim(sub)
     return parser
 

@@ -140,6 +140,9 @@ class Classifier(Model):
     """The complexity classifier behind the tiers."""
 
     model: ClassifierModel | None = Field(None, description="Classifier to use; empty selects the packaged default")
+    head_path: str | None = Field(None, min_length=1, max_length=4096, description=(
+        "A head written by `oculis classifier fit` (.npz), used instead of the packaged one; a relative path "
+        "is relative to the config file. The router reloads it when the file changes"))
     cache_ttl_seconds: int = Field(3600, ge=0, description="How long a prompt's score is memoised")
     max_entries: int = Field(100_000, ge=0, description="Bound on memoised scores")
 
@@ -318,6 +321,10 @@ class ServerSettings(Model):
     """Router process settings."""
 
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
+    max_header_bytes: int = Field(32 * 1024, ge=4096, le=1024 * 1024,
+                                  description="Requests whose headers (names and values) are larger get 431")
+    max_messages: int = Field(2048, ge=1, le=100_000,
+                              description="Chat requests with more messages get 400 (OpenAI's own limit is 2048)")
     cache_backend: Literal["memory", "redis"] = "memory"
     """memory (per process) or redis (shared by replicas)"""
     redis_url: str | None = Field(None, description="redis://host:port/db for cache_backend: redis")

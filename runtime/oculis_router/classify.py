@@ -150,6 +150,11 @@ class ComplexityClassifier:
                              f"packaged default ({DEFAULT_MODEL})")
         return cls(_load_head(path), cache_ttl_seconds, max_entries)
 
+    @classmethod
+    def from_file(cls, path: Path, cache_ttl_seconds: float = 3600, max_entries: int = 100_000) -> ComplexityClassifier:
+        """A head written by `oculis classifier fit`; ValueError naming the file and the fix."""
+        return cls(load_head_file(path), cache_ttl_seconds, max_entries)
+
     def score_text(self, text: str, context: str = "") -> Classification:
         # Keyed by a digest, not the text: a memo of full prompts held ~3 MB per long prompt (100 000
         # of them would be gigabytes); a 16-byte digest bounds each entry to a few hundred bytes.
@@ -175,23 +180,50 @@ class ComplexityClassifier:
 
     def _score(self, text: str, context: str, media: int = 0) -> Classification:
         h = self.head
-        ids, n_pieces, unk = piece_ids(text)
-        unreadable = media * MEDIA_PART_TOKENS
-        total = n_pieces + unreadable
-        if context:
-            tail = context[-CONTEXT_TOKENS * 8 :]
-            ctx_ids, n_tail, _ = piece_ids(tail)
-            total += round(n_tail * len(context) / max(len(tail), 1))
-            ids = np.concatenate([ids, ctx_ids[-CONTEXT_TOKENS:]])
-        if not unreadable and not text.strip():
-            return Classification(0.0, 1.0, total)  # nothing to misjudge: the cheapest tier
-        if len(ids):
-            raw = h.raw(ids, n_pieces + unreadable)
+        p = prompt_pieces(text, context, media)
+        if not p.unreadable and not text.strip():
+            return Classification(0.0, 1.0, p.total)  # nothing to misjudge: the cheapest tier
+        if len(p.ids):
+            raw = h.raw(p.ids, p.n_len)
         else:  # media only: the length signal alone, the embedding at its training mean
-            raw = np.full(len(h.biases), (1 - h.blend) * (math.log1p(unreadable) - h.len_mu) / h.len_sd)
-        unk = (unk * n_pieces + unreadable) / max(n_pieces + unreadable, 1)
+            raw = np.full(len(h.biases), (1 - h.blend) * (math.log1p(p.unreadable) - h.len_mu) / h.len_sd)
         complexity = float(h.complexity(raw[:1])[0])
-        return Classification(round(complexity, 4), round(h.confidence(raw, unk), 4), total)
+        return Classification(round(complexity, 4), round(h.confidence(raw, p.unk), 4), p.total)
+
+
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """What a head sees of a prompt: the one definition that serving and `oculis classifier fit` share."""
+
+    ids: NDArray[np.int64]  # the last turn's pieces, then at most CONTEXT_TOKENS of earlier turns
+    n_len: int  # the length signal's input: the last turn's pieces plus unreadable media
+    total: int  # the whole prompt's pieces (context included), for token limits
+    unk: float  # share of pieces the classifier cannot read
+    unreadable: int  # tokens counted for media parts
+
+
+def prompt_pieces(text: str, context: str = "", media: int = 0) -> Pieces:
+    ids, n_pieces, unk = piece_ids(text)
+    unreadable = media * MEDIA_PART_TOKENS
+    total = n_pieces + unreadable
+    if context:
+        tail = context[-CONTEXT_TOKENS * 8 :]
+        ctx_ids, n_tail, _ = piece_ids(tail)
+        total += round(n_tail * len(context) / max(len(tail), 1))
+        ids = np.concatenate([ids, ctx_ids[-CONTEXT_TOKENS:]])
+    unk = (unk * n_pieces + unreadable) / max(n_pieces + unreadable, 1)
+    return Pieces(ids, n_pieces + unreadable, total, unk, unreadable)
+
+
+def payload_pieces(payload: dict[str, Any]) -> Pieces:
+    """A request body's (or suite line's) `messages` or `prompt`, as the router reads it."""
+    if isinstance(payload.get("messages"), list):
+        text, context = split_messages(payload["messages"])
+        return prompt_pieces(text, context, media_parts(payload["messages"]))
+    prompt = payload.get("prompt", "")
+    if isinstance(prompt, list):
+        prompt = "\n".join(str(p) for p in prompt)
+    return prompt_pieces(prompt if isinstance(prompt, str) else "")
 
 
 def split_messages(messages: list[dict[str, Any]]) -> tuple[str, str]:
@@ -224,3 +256,34 @@ def content_text(content: Any) -> str:
 @cache
 def _load_head(path: Path) -> Head:
     return Head.load(path)
+
+
+HEAD_FIX = "write one with `oculis classifier fit --out FILE`"
+
+
+def load_head_file(path: Path) -> Head:
+    """Loads and checks a user's head. Not memoised by path: the file is replaced in place when a
+    ConfigMap or a new fit updates it, and the router reloads it."""
+    try:
+        head = Head.load(path)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file; {HEAD_FIX}") from None
+    except (OSError, ValueError, KeyError) as exc:  # not an npz, or one without a head's arrays
+        raise ValueError(f"{path}: not a classifier head ({type(exc).__name__}: {exc}); {HEAD_FIX}") from None
+    vocab = load_tokenizer().get_vocab_size()
+    w, b, k = head.token_weights, head.biases, head.knots
+    scalars = (head.len_mu, head.len_sd, head.emb_mu, head.emb_sd, head.blend, head.spread_ref)
+    problems = []
+    if w.ndim != 2 or w.shape[1] != vocab:
+        problems.append(f"token_weights is {w.shape}, the tokenizer has {vocab} pieces")
+    elif len(b) != w.shape[0]:
+        problems.append(f"{len(b)} biases for {w.shape[0]} weight rows")
+    if len(k) < 2 or np.any(np.diff(k) < 0):
+        problems.append("knots are not increasing")
+    if not (np.isfinite(w).all() and np.isfinite(b).all() and all(math.isfinite(v) for v in scalars)):
+        problems.append("weights or scalars are not finite")
+    elif min(head.len_sd, head.emb_sd, head.spread_ref) <= 0:
+        problems.append("len_sd, emb_sd or spread_ref is not positive")
+    if problems:
+        raise ValueError(f"{path}: not a head for this router's tokenizer ({'; '.join(problems)}); {HEAD_FIX}")
+    return head

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from oculis import Route, SemanticTier
@@ -86,13 +87,24 @@ def choose_tier(route: Route, c: Classification, needs: frozenset[str] = TEXT,
     return Decision(route.tiers[chosen], chosen, escalated, reason, order)
 
 
+def head_file(head_path: str, config_dir: Path | None = None) -> Path:
+    p = Path(head_path).expanduser()
+    return p if p.is_absolute() or config_dir is None else config_dir / p
+
+
 class RouteScorer:
     """Classifier plus tier choice for one route: the path both the router and `oculis route score` use."""
 
-    def __init__(self, route: Route) -> None:
+    def __init__(self, route: Route, config_dir: Path | None = None) -> None:
+        """`config_dir`: where a relative `classifier.head_path` is looked up (the config file's folder)."""
         self.route = route
         cfg = route.classifier
-        self.classifier = ComplexityClassifier.packaged(cfg.model, cfg.cache_ttl_seconds, cfg.max_entries)
+        if cfg.head_path:
+            self.head_file: Path | None = head_file(cfg.head_path, config_dir)
+            self.classifier = ComplexityClassifier.from_file(self.head_file, cfg.cache_ttl_seconds, cfg.max_entries)
+        else:
+            self.head_file = None
+            self.classifier = ComplexityClassifier.packaged(cfg.model, cfg.cache_ttl_seconds, cfg.max_entries)
 
     def score(self, payload: dict[str, Any], skip: Collection[str] = ()) -> tuple[Classification, Decision]:
         """`skip`: upstreams that cannot serve this request's endpoint."""

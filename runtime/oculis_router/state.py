@@ -23,7 +23,7 @@ from typing import Any
 
 from oculis import ConfigError, Route, RouterConfig, Upstream, parse_config
 from oculis_router.cache import MemoryStore, RedisStore, Store
-from oculis_router.decide import RouteScorer
+from oculis_router.decide import RouteScorer, head_file
 from oculis_router.limits import limited_anywhere
 from oculis_router.limits_store import Limiter, build_limiter
 from oculis_router.metrics import Metrics
@@ -61,6 +61,7 @@ class ConfigHolder:
         self.path = path
         self.metrics = metrics
         self._scorers: dict[str, RouteScorer] = {}
+        self._heads: dict[Path, tuple[int, int] | None] = {}  # head files of the config in force, by stamp
         self._stores: dict[str, Store] = {}
         self._retired: list[tuple[float, Store | Limiter]] = []  # (when dropped, store) by a reload, closed later
         self._limiter: tuple[str, Limiter] | None = None  # kept across reloads with its backend: counts survive
@@ -111,9 +112,19 @@ class ConfigHolder:
         scorers: dict[str, RouteScorer] = {}
         stores: dict[str, Store] = {}
         routes = {}
+        config_dir = self.path.parent if self.path else None
+        heads: dict[Path, tuple[int, int] | None] = {}
         for route in config.routes:
             skey = f"{route.name}:{route.classifier.model_dump_json()}:{route.tiers!r}:{route.escalation!r}"
-            scorer = scorers.get(skey) or self._scorers.get(skey) or RouteScorer(route)
+            if route.classifier.head_path:  # a replaced head file is a new scorer, like a changed config
+                hpath = head_file(route.classifier.head_path, config_dir)
+                heads[hpath] = _file_stamp(hpath)
+                skey += f":{heads[hpath]}"
+            try:
+                scorer = scorers.get(skey) or self._scorers.get(skey) or (
+                    RouteScorer(route, config_dir) if route.classifier.head_path else RouteScorer(route))
+            except ValueError as exc:  # a head file missing or not a head
+                raise ConfigError(f"routes[{route.name}].classifier.head_path: {exc}") from None
             scorers[skey] = scorer
             store = None
             if route.cache.enabled:
@@ -125,6 +136,7 @@ class ConfigHolder:
         kept = {id(s) for s in stores.values()}
         self._retired += [(now, s) for s in self._stores.values() if id(s) not in kept]
         self._scorers, self._stores = scorers, stores
+        self._heads = heads
         for up in config.upstreams:
             if why := missing_key(up):
                 log.warning("%s; requests to it will fail over to the next tier", why)
@@ -163,7 +175,7 @@ class ConfigHolder:
         (the file could not be read: retried on the next tick)."""
         stamp = self._stat()
         if stamp is None or stamp == self._stamp or self.path is None:
-            return False
+            return self._reload_heads()
         too_large = stamp[1] > MAX_CONFIG_BYTES  # not even read
         raw = b"" if too_large else self.path.read_bytes()
         digest = f"too-large:{stamp}" if too_large else hashlib.sha256(raw).hexdigest()
@@ -186,6 +198,25 @@ class ConfigHolder:
         self._rejected = None
         self.metrics.reloads.labels("applied").inc()
         log.info("applied new config %s", digest[:12])
+        return True
+
+    def _reload_heads(self) -> bool:
+        """The config is unchanged but a route's head file was replaced (a new `oculis classifier fit`,
+        a ConfigMap update): rebuild the same config. A head that does not load is a rejection, like a
+        bad config: the previous head keeps serving."""
+        if not self._heads or all(_file_stamp(p) == st for p, st in self._heads.items()):
+            return False
+        stamps = {p: _file_stamp(p) for p in self._heads}
+        try:
+            runtime = self._build(self.current.config, self.current.digest)
+        except Exception as exc:
+            self._heads = stamps  # said once per new file, not every tick
+            self.metrics.reloads.labels("rejected").inc()
+            log.error("rejected a new classifier head, still serving the previous one: %s", exc)
+            return False
+        self.current = runtime
+        self.metrics.reloads.labels("applied").inc()
+        log.info("applied new classifier head(s): %s", ", ".join(str(p) for p in stamps))
         return True
 
     def tick(self) -> None:
@@ -229,6 +260,14 @@ class ConfigHolder:
         if self._limiter is not None:
             await self._limiter[1].close()
         await self._close_retired(0)
+
+
+def _file_stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
 
 
 def describe(runtime: Runtime) -> list[dict[str, Any]]:

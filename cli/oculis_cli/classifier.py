@@ -1,0 +1,136 @@
+"""`oculis classifier fit`: a complexity head fitted on your own labelled outcomes.
+
+The suite is `oculis eval run`'s offline format, one JSON object per line:
+`{"prompt": str}` or `{"messages": [...]}`, `"outcomes": {"<upstream>": true|false, ...}`, and
+optionally `"group"` (a topic or subject: the report then also shows how the head does on topics it
+was not fitted on). The fit starts from the packaged head (or `--base FILE`) and keeps its per-request
+path; it prints cross-validated APGR (RouteLLM's routing quality; random routing 0.5) of the base and
+the fitted head on the suite, with 95% bootstrap intervals. A route uses the head with
+`classifier: {head_path: FILE}`; the router reloads the file when it changes.
+Exit codes: 0 written, 1 the fit failed, 2 bad arguments or suite (one line naming the problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+USAGE = 2
+
+
+class FitInputError(ValueError):
+    pass
+
+
+def register(sub: Any) -> None:
+    cls = sub.add_parser("classifier", help="fit the router's complexity classifier on your own outcomes")
+    cls_sub = cls.add_subparsers(dest="classifier_command", required=True, metavar="COMMAND")
+    fit = cls_sub.add_parser("fit", help="fit a head on a labelled suite; prints base vs fitted APGR")
+    fit.add_argument("--suite", required=True, type=Path, help="JSON lines: prompt or messages, outcomes, [group]")
+    fit.add_argument("--weak", required=True, help="the cheap upstream's name in `outcomes`")
+    fit.add_argument("--strong", required=True, help="the strong upstream's name in `outcomes`")
+    fit.add_argument("--out", required=True, type=Path, help="head file to write (.npz)")
+    fit.add_argument("--base", default="default",
+                     help="head to start from: `default` (the packaged one) or a head file")
+    fit.add_argument("--boot", type=int, default=300, help="bootstrap resamples for the intervals (default 300)")
+    fit.add_argument("--no-cv", action="store_true", help="skip the cross-validated report (fit only)")
+    fit.set_defaults(run=run_fit)
+
+
+def read_suite(path: Path, weak: str, strong: str) -> tuple[list[dict[str, Any]], list[bool], list[bool],
+                                                            list[str] | None]:
+    """Payloads, outcomes of the two upstreams and groups; FitInputError naming the line and the fix."""
+    from oculis_cli.eval_core import SuiteLineError, parse_line
+
+    if weak == strong:
+        raise FitInputError(f"--weak and --strong are both {weak!r}; name two different upstreams")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FitInputError(f"--suite {path}: cannot read it ({type(exc).__name__}: {exc})") from None
+    payloads, w, s, groups = [], [], [], []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = parse_line(lineno, line, offline=True)
+        except SuiteLineError as exc:
+            raise FitInputError(f"--suite {path}: {exc}") from None
+        outcomes = item.outcomes or {}
+        for name, flag in ((weak, "--weak"), (strong, "--strong")):
+            if name not in outcomes:
+                known = ", ".join(sorted(outcomes))
+                raise FitInputError(f"--suite {path}: line {lineno}: outcomes has no {name!r} ({flag}); it has "
+                                    f"{known}; add \"{name}\": true|false or pass the right {flag}")
+        group = json.loads(line).get("group")
+        payloads.append(item.payload)
+        w.append(outcomes[weak])
+        s.append(outcomes[strong])
+        groups.append(str(group) if isinstance(group, str | int) and not isinstance(group, bool) else "")
+    return payloads, w, s, (groups if all(groups) and len(set(groups)) > 1 else None)
+
+
+def run_fit(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
+    out = stdout or sys.stdout
+    try:
+        import numpy as np
+
+        from oculis_router import classify
+        from oculis_router import head_fit as hf
+    except ImportError as exc:  # scipy/numpy/tokenizers: the router and bench extras
+        print(f"oculis classifier fit: needs the router's classifier and scipy ({exc}); install "
+              "`pip install 'oculis[router,bench]'`", file=sys.stderr)
+        return USAGE
+    try:
+        payloads, weak_l, strong_l, groups = read_suite(args.suite, args.weak, args.strong)
+        if args.base == "default":
+            base = classify.ComplexityClassifier.packaged(cache_ttl_seconds=0).head
+        else:
+            base = classify.load_head_file(Path(args.base))
+        weak, strong = np.array(weak_l), np.array(strong_l)
+        if len(payloads) < hf.MIN_ROWS:
+            raise FitInputError(f"--suite {args.suite}: {len(payloads)} labelled prompts; a fit needs at least "
+                                f"{hf.MIN_ROWS} (a few hundred to see a gain)")
+        if not (strong & ~weak).any():
+            raise FitInputError(f"--suite {args.suite}: on no prompt is {args.strong} right and {args.weak} wrong, "
+                                "so there is nothing to route to the strong model; check --weak/--strong")
+    except (FitInputError, ValueError) as exc:
+        print(f"oculis classifier fit: {exc}", file=sys.stderr)
+        return USAGE
+    t0 = time.perf_counter()
+    suite = hf.Suite([classify.payload_pieces(p) for p in payloads], weak, strong,
+                     None if groups is None else np.array(groups))
+    head, final = hf.fit_head(base, suite)
+    hf.save_head(head, args.out)
+    took = time.perf_counter() - t0
+    size = args.out.stat().st_size
+    print(f"fitted on {len(payloads)} prompts ({int((strong & ~weak).sum())} where only {args.strong} is right; "
+          f"penalty {final.penalty:g}) in {took:.1f} s; wrote {args.out} ({size // 1024} KiB, "
+          f"sha256 {hf.head_digest(args.out)})", file=out)
+    if not args.no_cv:
+        report(hf, base, suite, args.boot, out)
+    print(f"use it in a route: classifier: {{head_path: {args.out}}}", file=out)
+    return 0
+
+
+def report(hf: Any, base: Any, suite: Any, boot: int, out: TextIO) -> None:
+    z = hf.design(base, suite.pieces)
+    w, s = suite.weak.astype(float), suite.strong.astype(float)
+    print("cross-validated APGR on this suite (5 folds, penalty chosen inside each training part; "
+          "random routing 0.5; 95% bootstrap CI):", file=out)
+    kinds = [("random folds (this suite's topics)", False)]
+    if suite.groups is not None:
+        kinds.append((f"grouped folds ({len(set(suite.groups))} groups; new topics)", True))
+    for label, grouped in kinds:
+        scores = hf.cross_validate(z, suite, grouped)
+        ci = hf.bootstrap(scores, w, s, boot)
+        print(f"  {label}", file=out)
+        for name, sc in scores.items():
+            lo, hi = ci[name]
+            print(f"    {name:14} {hf.apgr(sc, w, s):.3f}  [{lo:.3f}, {hi:.3f}]", file=out)
+        wins = hf.paired_wins(scores["fitted"], scores["base"], w, s, boot)
+        print(f"    fitted beats base in {wins:.0%} of paired resamples", file=out)

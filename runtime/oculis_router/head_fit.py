@@ -1,0 +1,295 @@
+"""Fits a complexity head on a user's own labelled outcomes: `oculis classifier fit`. Pure functions.
+
+Never imported by the router at serve time (it needs scipy); the head it writes is an ordinary `.npz`
+that `classify.Head.load` reads with numpy alone, and it is scored by the same per-request path as the
+packaged head: one tokenisation, a gather, a mean over word pieces, blended with length.
+
+The model, warm-started from the base (packaged) head:
+
+    logit P(strong right and weak wrong) = a * base_z + l * len_z + c + mean over the prompt's pieces of d[piece]
+
+`base_z` is the base head's own score, standardised on the user's prompts, so with d = 0 the fit
+only re-weighs the base and length; `d` is a per-piece correction, L2-penalised towards 0 (i.e. towards
+the base head), learnt only for pieces that occur in the suite. Because everything is linear after
+the mean, it folds back into one weight per piece plus a length weight: the head format does not
+change. RouteLLM's lesson (and ours, `bench/classifier_quality.py`): on topics a router never saw it
+is near random, and a few hundred in-domain labels lift it; the piece corrections are where the
+topic's vocabulary gets its weight.
+
+The penalty is chosen by an inner cross-validation on the training part only, so the reported
+cross-validated APGR of base vs fitted is out-of-sample (nested). Folds are random (the suite's own
+topics: what the route will serve) and, where lines carry a `group` (e.g. a subject), also grouped
+(new topics: what the head does on traffic unlike the suite).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oculis_router.classify import Head, Pieces
+
+FloatArray = NDArray[np.float64]
+PENALTIES = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)  # per-piece L2 grid (on the mean-over-pieces scale)
+FOLDS = 5
+INNER_FOLDS = 3
+KNOTS = 101
+MIN_ROWS = 40
+# Pull of the base weight towards 1 and the extra length weight towards 0: with a few hundred labels
+# the two dense weights swing with noise (an unpulled fit lost to the base on one of four folds);
+# chosen on folds 0-3 of the packaged head's subject folds (see bench/classifier_quality.py).
+TAU = 0.1
+
+
+@dataclass(frozen=True)
+class Suite:
+    """Labelled prompts: what each was seen as by the router, and whether each model was right."""
+
+    pieces: list[Pieces]
+    weak: NDArray[np.bool_]
+    strong: NDArray[np.bool_]
+    groups: NDArray[np.str_] | None  # e.g. a subject per line; None when no line says
+
+    @property
+    def target(self) -> FloatArray:
+        """Where routing to the strong model gains: it is right and the weak one is wrong."""
+        out: FloatArray = (self.strong & ~self.weak).astype(np.float64)
+        return out
+
+    def subset(self, idx: NDArray[np.int64]) -> Suite:
+        return Suite([self.pieces[i] for i in idx], self.weak[idx], self.strong[idx],
+                     None if self.groups is None else self.groups[idx])
+
+
+@dataclass(frozen=True)
+class Design:
+    """The fit's inputs for some prompts: the piece-mean matrix and the two dense features."""
+
+    x: Any  # scipy.sparse CSR, (n, vocab): 1/len per piece occurrence (the mean the router takes)
+    base_raw: FloatArray  # the base head's final score
+    len_z: FloatArray  # the base head's standardised log length
+
+
+@dataclass(frozen=True)
+class Fitted:
+    a: float  # weight of the standardised base score
+    ell: float  # extra weight of length
+    c: float
+    d: FloatArray  # (vocab,) per-piece corrections
+    base_mu: float  # standardisation of the base score, on the training prompts
+    base_sd: float
+    penalty: float
+
+    def logit(self, z: Design) -> FloatArray:
+        out: FloatArray = (self.a * (z.base_raw - self.base_mu) / self.base_sd + self.ell * z.len_z + self.c
+                           + z.x @ self.d)
+        return out
+
+
+def design(base: Head, pieces: Sequence[Pieces]) -> Design:
+    from scipy import sparse
+
+    vocab = base.token_weights.shape[1]
+    lens = np.array([len(p.ids) for p in pieces], dtype=np.int64)
+    cols = np.concatenate([p.ids for p in pieces]) if len(pieces) else np.zeros(0, np.int64)
+    rows = np.repeat(np.arange(len(pieces)), lens)
+    vals = np.repeat(1.0 / np.maximum(lens, 1), lens)
+    x = sparse.csr_matrix((vals, (rows, cols)), shape=(len(pieces), vocab))
+    x.sum_duplicates()
+    base_raw = np.empty(len(pieces))
+    len_z = np.empty(len(pieces))
+    for i, p in enumerate(pieces):
+        len_z[i] = (math.log1p(p.n_len) - base.len_mu) / base.len_sd
+        base_raw[i] = base.raw(p.ids, p.n_len)[0] if len(p.ids) else (1 - base.blend) * len_z[i]
+    return Design(x, base_raw, len_z)
+
+
+def _take(z: Design, idx: NDArray[np.int64]) -> Design:
+    return Design(z.x[idx], z.base_raw[idx], z.len_z[idx])
+
+
+def fit(z: Design, y: FloatArray, penalty: float, fixed: tuple[float, float] | None = None,
+        base_std: tuple[float, float] | None = None) -> Fitted:
+    """Penalised logistic regression by L-BFGS; `fixed` pins (a, l) (fold heads share the final
+    head's length weight, which the head format has once)."""
+    from scipy.optimize import minimize
+    from scipy.special import expit, log_expit
+
+    mu, sd = base_std or (float(z.base_raw.mean()), float(z.base_raw.std()) or 1.0)
+    used = np.unique(z.x.indices)
+    xu = z.x[:, used]
+    xut = xu.T.tocsr()
+    dense = np.stack([(z.base_raw - mu) / sd, z.len_z, np.ones(len(y))], axis=1)
+    n = len(y)
+    k = 1 if fixed else 3
+    offset = dense[:, :2] @ np.array(fixed) if fixed else 0.0
+
+    def loss(theta: FloatArray) -> tuple[float, FloatArray]:
+        head, d = theta[:k], theta[k:]
+        f = offset + (dense[:, 2:] if fixed else dense) @ head + xu @ d
+        # -[y log s(f) + (1-y) log s(-f)], stable for any f
+        value = -float(np.sum(y * log_expit(f) + (1 - y) * log_expit(-f))) / n + 0.5 * penalty * float(d @ d)
+        g = (expit(f) - y) / n
+        grad = np.concatenate([(dense[:, 2:] if fixed else dense).T @ g, xut @ g + penalty * d])
+        if not fixed:
+            pull = head[:2] - np.array([1.0, 0.0])
+            value += 0.5 * TAU * float(pull @ pull)
+            grad[:2] += TAU * pull
+        return value, grad
+
+    theta0 = np.zeros(k + len(used))
+    if not fixed:
+        theta0[0] = 1.0  # start at the base head
+    res = minimize(loss, theta0, jac=True, method="L-BFGS-B", options={"maxiter": 500})
+    d = np.zeros(z.x.shape[1])
+    d[used] = res.x[k:]
+    a, ell = fixed if fixed else (float(res.x[0]), float(res.x[1]))
+    return Fitted(a, ell, float(res.x[k - 1]), d, mu, sd, penalty)
+
+
+def folds_of(n: int, groups: NDArray[np.str_] | None, k: int, seed: int) -> NDArray[np.int64]:
+    """Fold index per row: whole groups per fold (largest first, into the smallest fold) when
+    `groups` is given, else a seeded random split."""
+    out = np.empty(n, dtype=np.int64)
+    if groups is None:
+        out[np.random.default_rng(seed).permutation(n)] = np.arange(n) % k
+        return out
+    names, counts = np.unique(groups, return_counts=True)
+    sizes = np.zeros(k)
+    for j in np.lexsort((names, -counts)):
+        f = int(np.argmin(sizes))
+        out[groups == names[j]] = f
+        sizes[f] += counts[j]
+    return out
+
+
+def choose_penalty(z: Design, y: FloatArray, weak: FloatArray, strong: FloatArray, seed: int = 0) -> float:
+    """The penalty whose inner-CV APGR (random folds, pooled out-of-fold logits) is highest."""
+    fold = folds_of(len(y), None, INNER_FOLDS, seed)
+    best, best_score = PENALTIES[-1], -1.0
+    for pen in PENALTIES:
+        oof = np.empty(len(y))
+        for f in range(INNER_FOLDS):
+            tr, te = np.nonzero(fold != f)[0], np.nonzero(fold == f)[0]
+            oof[te] = fit(_take(z, tr), y[tr], pen).logit(_take(z, te))
+        score = apgr(oof, weak, strong)
+        if score > best_score:
+            best, best_score = pen, score
+    return best
+
+
+def cross_validate(z: Design, suite: Suite, grouped: bool, seed: int = 0) -> dict[str, FloatArray]:
+    """Out-of-fold scores of the base head, prompt length and the fitted head (penalty chosen
+    inside each training part)."""
+    y, weak, strong = suite.target, suite.weak.astype(float), suite.strong.astype(float)
+    fold = folds_of(len(y), suite.groups if grouped else None, FOLDS, seed)
+    oof = np.empty(len(y))
+    for f in range(FOLDS):
+        tr, te = np.nonzero(fold != f)[0], np.nonzero(fold == f)[0]
+        ztr = _take(z, tr)
+        pen = choose_penalty(ztr, y[tr], weak[tr], strong[tr], seed)
+        oof[te] = fit(ztr, y[tr], pen).logit(_take(z, te))
+    return {"base": z.base_raw, "prompt length": z.len_z, "fitted": oof}
+
+
+def to_head(base: Head, final: Fitted, folds: list[Fitted], z: Design, meta: dict[str, str]) -> Head:
+    """Folds a fit (and its fold fits, for confidence) back into the head format."""
+    b0, mu0, sd0 = float(base.biases[0]), base.emb_mu, base.emb_sd
+    w0 = base.token_weights[0].astype(np.float64)
+
+    def row(f: Fitted) -> tuple[FloatArray, float]:
+        scale = f.a * base.blend / (f.base_sd * sd0)
+        bias = f.a * base.blend * (b0 - mu0) / (f.base_sd * sd0) - f.a * f.base_mu / f.base_sd + f.c
+        return scale * w0 + f.d, bias
+
+    alpha = final.a * (1 - base.blend) / final.base_sd + final.ell  # the length weight, in logit units
+    s = abs(alpha) + 1.0
+    blend = s / (s + alpha)  # raw = (alpha * len_z + mean w + bias) / (s + alpha): same order as the logit
+    rows = [row(f) for f in [final, *folds]]
+    weights = np.stack([w for w, _ in rows]).astype(np.float16).astype(np.float32)  # half the file
+    biases = np.array([b for _, b in rows])
+    emb = np.stack([z.x @ weights[i].astype(np.float64) for i in range(len(rows))], axis=1) + biases
+    raw = (1 - blend) * z.len_z[:, None] + blend * emb / s
+    knots = np.maximum.accumulate(np.quantile(raw[:, 0], np.linspace(0, 1, KNOTS)))
+    spread = np.interp(raw[:, 1:], knots, np.linspace(0, 1, KNOTS)).std(axis=1) if len(folds) > 1 else np.ones(1)
+    return Head(token_weights=weights, biases=biases, len_mu=base.len_mu, len_sd=base.len_sd, emb_mu=0.0,
+                emb_sd=s, blend=blend, knots=knots, spread_ref=max(float(np.quantile(spread, 0.9)), 1e-3),
+                meta=meta)
+
+
+def fit_head(base: Head, suite: Suite, seed: int = 0) -> tuple[Head, Fitted]:
+    """The final head (penalty by CV on all rows) with one fold head per random fold."""
+    z = design(base, suite.pieces)
+    y, weak, strong = suite.target, suite.weak.astype(float), suite.strong.astype(float)
+    pen = choose_penalty(z, y, weak, strong, seed)
+    final = fit(z, y, pen)
+    fold = folds_of(len(y), suite.groups, FOLDS, seed)
+    folds = [fit(_take(z, np.nonzero(fold != f)[0]), y[fold != f], pen, fixed=(final.a, final.ell),
+                 base_std=(final.base_mu, final.base_sd)) for f in range(FOLDS)]
+    meta = {"target": "strong correct and weak wrong", "rows": str(len(y)), "penalty": f"{pen:g}",
+            "base": str(base.meta.get("name", "")) or "packaged", "recipe": "oculis classifier fit (warm start)"}
+    return to_head(base, final, folds, z, meta), final
+
+
+def save_head(head: Head, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:  # a router watching the path never sees half a file
+        np.savez_compressed(
+            f, token_weights=head.token_weights.astype(np.float16), biases=head.biases, len_mu=head.len_mu,
+            len_sd=head.len_sd, emb_mu=head.emb_mu, emb_sd=head.emb_sd, blend=head.blend, knots=head.knots,
+            spread_ref=head.spread_ref, **{f"meta_{k}": v for k, v in head.meta.items()})
+    tmp.replace(path)
+
+
+def head_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def apgr(score: FloatArray, weak: FloatArray, strong: FloatArray, seed: int = 0) -> float:
+    """RouteLLM's APGR (training/routing_eval.py's definition): area under the share of the weak-to-strong
+    quality gap recovered, over the share of strong calls, sending the highest scores first (ties at
+    random, seeded); random routing scores 0.5. NaN when both models are equally good."""
+    n = len(score)
+    gap = float(strong.mean() - weak.mean())
+    if n == 0 or gap == 0:
+        return float("nan")
+    order = np.lexsort((np.random.default_rng(seed).random(n), -score))
+    gain = np.concatenate([[0.0], np.cumsum((strong - weak)[order])]) / n
+    return float(np.trapezoid(gain / gap, np.arange(n + 1) / n))
+
+
+def bootstrap(scores: dict[str, FloatArray], weak: FloatArray, strong: FloatArray, n_boot: int = 300,
+              seed: int = 0) -> dict[str, tuple[float, float]]:
+    """95% intervals of each method's APGR over the same resamples of prompts."""
+    rng = np.random.default_rng(seed)
+    vals: dict[str, list[float]] = {k: [] for k in scores}
+    for i in range(n_boot):
+        idx = rng.integers(0, len(weak), len(weak))
+        if strong[idx].mean() == weak[idx].mean():
+            continue
+        for k, s in scores.items():
+            vals[k].append(apgr(s[idx], weak[idx], strong[idx], seed=i))
+    return {k: (float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))) if v else (math.nan, math.nan)
+            for k, v in vals.items()}
+
+
+def paired_wins(a: FloatArray, b: FloatArray, weak: FloatArray, strong: FloatArray, n_boot: int = 300,
+                seed: int = 1) -> float:
+    """Share of paired resamples where score `a` has the higher APGR."""
+    rng = np.random.default_rng(seed)
+    wins = total = 0
+    for i in range(n_boot):
+        idx = rng.integers(0, len(weak), len(weak))
+        if strong[idx].mean() == weak[idx].mean():
+            continue
+        total += 1
+        wins += apgr(a[idx], weak[idx], strong[idx], i) > apgr(b[idx], weak[idx], strong[idx], i)
+    return wins / max(total, 1)
