@@ -28,6 +28,7 @@ pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prom
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ROOT = Path(__file__).resolve().parents[2]
+SPEC = '--speculative-config={"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3}'
 PROFILE = {"name": "tiny-chat", "prompt": {"median": 48, "sigma": 0.3}, "output": {"median": 24, "sigma": 0},
            "shared_prefix": {"share": 0.5, "groups": 2, "tokens": 64}, "multi_turn": {"share": 0.2, "turns": 2}}
 
@@ -44,7 +45,7 @@ class Stack:
 def _sim(max_num_seqs: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "oculis_cli.main", "sim", "serve", MODEL, "--gpu", "H100-80GB",
-                             f"--max-num-seqs={max_num_seqs}", "--max-model-len=4096", "--host", "127.0.0.1",
+                             f"--max-num-seqs={max_num_seqs}", "--max-model-len=4096", SPEC, "--host", "127.0.0.1",
                              "--port", str(port)], stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
 
@@ -140,6 +141,7 @@ def test_compare_passes_an_unchanged_engine_and_fails_one_that_halves_throughput
     server = cur["server"]  # Prometheus deltas over the run window: the shared prefixes hit the prefix cache
     assert server["prefix_cache_hit_share"] is not None and server["prefix_cache_hit_share"] > 0
     assert server["preemptions"] == 0
+    assert 0 < server["spec_decode_acceptance"] <= 1  # accepted / proposed draft tokens, both engines' counters
 
     code, doc, err = bench(stack, stack.fast, tmp_path, "--compare", str(base), "--report",
                            str(tmp_path / "report.html"))
