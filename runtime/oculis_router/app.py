@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HTTPRoute
@@ -24,7 +25,7 @@ from starlette.routing import Route as HTTPRoute
 from oculis import RouterConfig, Timeouts, Upstream
 from oculis_router import cache as rcache
 from oculis_router.errors import APIError, bad_request
-from oculis_router.inbound import check_body, check_client_key, disconnected, read_body, tenant_of
+from oculis_router.inbound import HeaderLimit, check_body, check_client_key, disconnected, read_body, tenant_of
 from oculis_router.limits import identity_of
 from oculis_router.limits_store import Hold
 from oculis_router.metrics import Metrics
@@ -147,7 +148,7 @@ class Router:
                                     "appears once an InferenceRoute exists in this namespace",
                                type_="service_unavailable", code="no_config")
             body = await read_body(request, rt.config.server.max_body_bytes)
-            body = check_body(body, endpoint)
+            body = check_body(body, endpoint, rt.config.server.max_messages)
             plan = plan_request(rt, body, self.metrics, endpoint)
             route_label = body["model"]
             # Admission: after the plan (its prompt count and tiers' prices), before the cache and upstream.
@@ -421,6 +422,11 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def openapi_json(request: Request) -> Response:
+        from oculis_router.openapi import document
+
+        return JSONResponse(document([m["id"] for m in describe(holder.current)]))
+
     async def readyz(request: Request) -> Response:
         if holder.waiting:
             return JSONResponse({"status": "waiting for config", "config": str(holder.path)}, status_code=503)
@@ -466,7 +472,9 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
         HTTPRoute("/v1/models/{model_id:path}", model, methods=["GET"]),
         HTTPRoute("/healthz", healthz, methods=["GET"]),
         HTTPRoute("/readyz", readyz, methods=["GET"]),
-    ], lifespan=lifespan)
+        HTTPRoute("/openapi.json", openapi_json, methods=["GET"]),
+    ], lifespan=lifespan,
+        middleware=[Middleware(HeaderLimit, limit=lambda: holder.current.config.server.max_header_bytes)])
     app.state.metrics = metrics
     app.state.holder = holder
     return app

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from oculis_router import strictjson
 from oculis_router.errors import APIError, bad_request
 
+
 def tenant_of(request: Request) -> str:
     """The cache partition of a request: its API key (as a digest: the key itself is never kept or
     logged), subdivided by `X-Oculis-Tenant` when a gateway in front sets it. The header alone never
@@ -47,7 +48,16 @@ async def read_body(request: Request, limit: int) -> dict[str, Any]:
     return body
 
 
-def check_body(body: dict[str, Any], endpoint: str) -> dict[str, Any]:
+def check_headers(raw: list[tuple[bytes, bytes]], limit: int) -> None:
+    """The request's headers within `server.max_header_bytes` (the HTTP parser sets no bound of its
+    own): a 431 that says so, not a request whose headers are carried, logged and relayed."""
+    size = sum(len(k) + len(v) + 4 for k, v in raw)  # ": " and CRLF, as on the wire
+    if size > limit:
+        raise APIError(431, f"request headers of {size} bytes exceed the limit of {limit} bytes "
+                       "(server.max_header_bytes); send fewer or shorter headers", code="request_headers_too_large")
+
+
+def check_body(body: dict[str, Any], endpoint: str, max_messages: int = 2048) -> dict[str, Any]:
     """The request as the router will use it, checked for what the router itself needs. Fields it
     does not know pass through: OpenAI-compatible engines take extensions (vLLM's `top_k`,
     `guided_json`, `repetition_penalty`...) and OpenAI adds fields often; a provider that cannot take
@@ -60,6 +70,10 @@ def check_body(body: dict[str, Any], endpoint: str) -> dict[str, Any]:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise bad_request("`messages` is required: a non-empty list of {role, content}", param="messages")
+        if len(msgs) > max_messages:
+            raise bad_request(f"`messages` has {len(msgs)} messages, more than the limit of {max_messages} "
+                              "(server.max_messages); shorten the conversation", param="messages",
+                              code="too_many_messages")
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
             raise bad_request("each message needs a string `role`", param="messages")
     elif not isinstance(body.get("prompt"), str | list):
@@ -89,3 +103,20 @@ def check_client_key(request: Request, keys_env: str | None) -> None:
     if not given or not any(hmac.compare_digest(given.encode(), k.encode()) for k in accepted):
         raise APIError(401, "invalid or missing API key: send `Authorization: Bearer <key>` with a key this "
                             "router accepts", type_="invalid_request_error", code="invalid_api_key")
+
+
+class HeaderLimit:
+    """ASGI middleware: every HTTP request's headers checked against the current config's
+    `server.max_header_bytes` before any endpoint (or the 404 handler) sees them."""
+
+    def __init__(self, app: Any, limit: Any) -> None:
+        self.app, self.limit = app, limit  # limit: () -> int, read per request (the config reloads)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            try:
+                check_headers(scope["headers"], self.limit())
+            except APIError as err:
+                await err.response(headers={"connection": "close"})(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
