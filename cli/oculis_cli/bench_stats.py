@@ -306,7 +306,8 @@ def verdict(current: dict[str, Any], fingerprint: dict[str, Any], slo_results: l
                 inconclusive.append("workload mismatch: " + ", ".join(
                     f"{k} {baseline_fingerprint.get(k)!r} vs {fingerprint.get(k)!r}" for k in diff)
                     + "; rerun with the baseline's profile, seed, route, duration and load")
-        if bool(baseline.get("simulated")) != bool(current.get("simulated")):
+        known = baseline.get("simulated") is not None  # a vLLM file cannot say whether its server was simulated
+        if known and bool(baseline.get("simulated")) != bool(current.get("simulated")):
             inconclusive.append("one run is simulated and the other is not; compare like with like")
         for name, m in (("baseline", baseline), ("current", current)):
             n = int(get(m, "requests.succeeded") or get(m, "completed") or 0)
@@ -348,7 +349,7 @@ def from_vllm(data: dict[str, Any]) -> dict[str, Any]:
             "ttft_ms": dist("ttft"), "tpot_ms": dist("tpot"), "itl_ms": dist("itl"), "e2e_ms": dist("e2el"),
             "requests": {"succeeded": completed, "failed": failed}, "errors": failed,
             "error_rate": failed / (completed + failed) if completed + failed else 0.0,
-            "cost_per_1k_requests": None, "simulated": False, "source": "vllm bench serve --save-result"}
+            "cost_per_1k_requests": None, "simulated": None, "source": "vllm bench serve --save-result"}
 
 
 def read_baseline(data: Any, path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:

@@ -187,3 +187,12 @@ def test_a_vllm_save_result_file_is_a_baseline_in_the_same_names() -> None:
     assert m["e2e_ms"]["p99"] == 900.0 and m["error_rate"] == pytest.approx(0.02)
     with pytest.raises(InputError, match="neither an `oculis bench run --save` file"):
         read_baseline({"x": 1}, "x.json")
+
+
+def test_a_vllm_baseline_cannot_say_it_was_simulated_so_only_the_fingerprint_blocks_it() -> None:
+    raw = {"completed": 100, "failed": 0, "request_throughput": 10.0, "output_throughput": 1000.0,
+           "p95_ttft_ms": 100.0, "median_ttft_ms": 50.0}
+    base = from_vllm(raw)
+    cur = metrics(1000, 10, 100, simulated=True)
+    assert judge(base, cur, None)[0] == "INCONCLUSIVE"  # no fingerprint
+    assert judge(base, cur, FP)[0] == "PASS"  # --force-compare vouches for the workload
