@@ -133,10 +133,12 @@ def inferenceroute_crd() -> dict[str, Any]:
          "message": "the last tier must catch all: give it `match: {}`", "fieldPath": ".tiers"},
         {"rule": "self.tiers.all(t, self.tiers.exists_one(u, u.name == t.name))",
          "message": "tier names must be unique", "fieldPath": ".tiers"},
+        *inferenceroute.TIER_RULES,
     ]
     ready = '.status.conditions[?(@.type=="Ready")].status'
-    cols = [("TIERS", "string", ".status.tiers"), ("READY", "string", ready),
-            ("CONFIG", "string", ".status.configMap"), ("AGE", "date", ".metadata.creationTimestamp")]
+    cols = [("STRATEGY", "string", ".status.strategy", 0), ("TIERS", "string", ".status.tiers", 0),
+            ("UPSTREAMS-READY", "string", ".status.upstreamsReady", 0), ("READY", "string", ready, 0),
+            ("AGE", "date", ".metadata.creationTimestamp", 0), ("CONFIG", "string", ".status.configMap", 1)]
     return {
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": f"inferenceroutes.{GROUP}"},
@@ -145,7 +147,9 @@ def inferenceroute_crd() -> dict[str, Any]:
             "names": {"kind": "InferenceRoute", "listKind": "InferenceRouteList", "plural": "inferenceroutes",
                       "singular": "inferenceroute", "shortNames": ["ir"], "categories": ["oculis"]},
             "versions": [{"name": VERSION, "served": True, "storage": True, "subresources": {"status": {}},
-                          "additionalPrinterColumns": [{"name": n, "type": t, "jsonPath": p} for n, t, p in cols],
+                          "additionalPrinterColumns": [{"name": n, "type": t, "jsonPath": p, **({"priority": w} if w
+                                                                                               else {})}
+                                                       for n, t, p, w in cols],
                           "schema": {"openAPIV3Schema": root}}],
         },
     }

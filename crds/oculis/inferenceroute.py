@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from oculis.base import Model
-from oculis.router import NAME_PATTERN, RouteBody, SemanticTier
+from oculis.router import NAME_PATTERN, Classifier, RouteBody, SemanticTier, TierMatch
 from oculis.upstream import Condition
 
 DEFAULT_CONFIG_MAP = "oculis-router-config"
@@ -42,14 +42,131 @@ class RouteTier(SemanticTier):
         return value
 
 
+class ConfigMapKeyRef(Model):
+    """A key of a ConfigMap in the route's namespace."""
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=253)
+    """The ConfigMap's name"""
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
+    """The key holding the head (binaryData: `kubectl create configmap NAME --from-file=head.npz`)"""
+
+
+class HeadFrom(Model):
+    """Where the route's fitted classifier head comes from."""
+
+    config_map_key_ref: ConfigMapKeyRef
+    """A ConfigMap key holding a head written by `oculis classifier fit`"""
+
+
+HEADS_DIR = "/etc/oculis-heads"  # where the router Deployment mounts head ConfigMaps: <dir>/<name>/<key>
+
+
+class RouteClassifier(Classifier):
+    """The complexity classifier behind the tiers; in a cluster a fitted head comes from a ConfigMap."""
+
+    head_from: HeadFrom | None = None
+    """A head fitted with `oculis classifier fit`, from a ConfigMap (mounted into the router at
+    /etc/oculis-heads/<name>/<key> and reloaded when it changes); unset: the packaged head"""
+
+    @model_validator(mode="after")
+    def _no_path(self) -> RouteClassifier:
+        if self.head_path is not None:
+            raise ValueError("headPath is a router-config setting; in an InferenceRoute put the head in a ConfigMap "
+                             "and use classifier.headFrom.configMapKeyRef {name, key}")
+        return self
+
+
 class InferenceRouteSpec(RouteBody):
     """Semantic tiers over GPUUpstreams of this namespace, with escalation and a response cache."""
+
+    classifier: RouteClassifier = Field(default_factory=RouteClassifier)
+    """The complexity classifier"""
 
     tiers: list[RouteTier] = Field(min_length=1, max_length=16)  # type: ignore[assignment]
     """Tiers, cheapest first: the first whose match holds answers; the last catches all"""
 
     config_map: str = Field(DEFAULT_CONFIG_MAP, pattern=NAME_PATTERN,
                             description="ConfigMap this route is rendered into; it holds only the routes that name it")
+
+    @model_validator(mode="after")
+    def _every_tier_reachable(self) -> InferenceRouteSpec:
+        why = unreachable_tier(self.tiers)
+        if why:
+            raise ValueError(why)
+        return self
+
+
+def covers(earlier: TierMatch, later: TierMatch) -> bool:
+    """Every prompt `later` matches, `earlier` matches too (all of a match's rules must hold)."""
+    c_ok = earlier.complexity_below is None or (
+        later.complexity_below is not None and later.complexity_below <= earlier.complexity_below)
+    t_ok = earlier.max_prompt_tokens is None or (
+        later.max_prompt_tokens is not None and later.max_prompt_tokens <= earlier.max_prompt_tokens)
+    return c_ok and t_ok
+
+
+def unreachable_tier(tiers: list[RouteTier]) -> str | None:
+    """Why a tier can never be decided (an earlier tier takes every prompt it matches), or None. The
+    same rule as TIER_RULES, so the CLI and the operator agree with `kubectl apply`."""
+    for i, tier in enumerate(tiers[:-1]):
+        if tier.match.complexity_below is None and tier.match.max_prompt_tokens is None:
+            return (f"spec.tiers[{i}] ({tier.name!r}) has an empty match but is not the last tier: it takes every "
+                    f"prompt, so no later tier is ever reached; {REACHABLE_FIX}")
+    for j, later in enumerate(tiers):
+        for i, earlier in enumerate(tiers[:j]):
+            if covers(earlier.match, later.match):
+                return (f"spec.tiers[{j}] ({later.name!r}) can never be reached: tier {i} ({earlier.name!r}) "
+                        f"matches every prompt it matches; {REACHABLE_FIX}")
+    return None
+
+
+REACHABLE_FIX = ("tiers go cheapest first with a rising match.complexityBelow (or maxPromptTokens), "
+                 "and only the last has `match: {}`")
+_IDX = "[" + ", ".join(str(i) for i in range(16)) + "]"  # tiers has maxItems 16: CEL needs no range()
+# The index as text: CEL's cost estimate of string(int) is unbounded, a literal lookup's is not.
+_TEXT = "[" + ", ".join(f"'{i}'" for i in range(16)) + "]"
+
+
+def _has(t: str, f: str) -> str:
+    return f"(has({t}.match) && has({t}.match.{f}))"
+
+
+def _covers(a: str, b: str) -> str:
+    return " && ".join(
+        f"(!{_has(a, f)} || ({_has(b, f)} && {b}.match.{f} <= {a}.match.{f}))"
+        for f in ("complexityBelow", "maxPromptTokens"))
+
+
+_PAIR = (f"{_IDX}.exists(j, j < size(self.tiers) && {_IDX}.exists(i, i < j && "
+         f"{_covers('self.tiers[i]', 'self.tiers[j]')}))")
+_FIRST = (f"{_IDX}.filter(j, j < size(self.tiers) && {_IDX}.exists(i, i < j && "
+          f"{_covers('self.tiers[i]', 'self.tiers[j]')}))[0]")
+# CEL on the spec: refused at `kubectl apply`, naming the first unreachable tier.
+_EMPTY = (f"{_IDX}.filter(i, i < size(self.tiers) - 1 && !{_has('self.tiers[i]', 'complexityBelow')} && "
+          f"!{_has('self.tiers[i]', 'maxPromptTokens')})")
+TIER_RULES: list[dict[str, Any]] = [{
+    "rule": f"size({_EMPTY}) == 0",
+    "messageExpression": (f"'spec.tiers[' + {_TEXT}[{_EMPTY}[0]] + '] (' + self.tiers[{_EMPTY}[0]].name + ') has an "
+                          f"empty match but is not the last tier: it takes every prompt, so no later tier is ever "
+                          f"reached; {REACHABLE_FIX}'"),
+    "fieldPath": ".tiers", "reason": "FieldValueInvalid",
+}, {
+    "rule": f"!{_PAIR}",
+    "messageExpression": (f"'spec.tiers[' + {_TEXT}[{_FIRST}] + '] (' + self.tiers[{_FIRST}].name + ') can never "
+                          f"be reached: an earlier tier matches every prompt it matches; {REACHABLE_FIX}'"),
+    "fieldPath": ".tiers", "reason": "FieldValueInvalid",
+}]
+
+
+class TierStatus(Model):
+    """One tier as the operator last saw it."""
+
+    name: str
+    """The tier's name"""
+    upstream: str
+    """The GPUUpstream it names"""
+    ready: bool
+    """The upstream exists and answers (Ready, or a self-hosted one with a ready replica)"""
 
 
 class InferenceRouteStatus(Model):
@@ -58,8 +175,13 @@ class InferenceRouteStatus(Model):
     observed_generation: int | None = None
     """The spec generation last rendered"""
     conditions: list[Condition] = Field(default_factory=list)
-    """Ready (in the router config, upstreams Ready)"""
+    """Ready (in the router config, upstreams answer), Degraded (left out, or an upstream missing or not
+    Ready; the message says which), Progressing (an upstream is being created or rolling)"""
+    strategy: str | None = Field(None, description="Printer column: the routing strategy")
     tiers: str | None = Field(None, description="Printer column: tier -> upstream, in order")
+    tier_status: list[TierStatus] = Field(default_factory=list)
+    """Each tier, in order, with whether its upstream answers"""
+    upstreams_ready: str | None = Field(None, description="Printer column: upstreams that answer / upstreams named")
     config_map: str | None = None
     """ConfigMap the route was rendered into"""
     config_hash: str | None = None

@@ -206,7 +206,16 @@ def render_routes(kube: Kube, namespace: str, logger: kopf.Logger, sweep: bool =
                 continue
             conds = Conditions(status.get("conditions", []), meta.get("generation", 1), now)
             conds.set("Ready", "True" if verdict.ready else "False", verdict.reason, verdict.message)
+            # Degraded and Progressing, as a GPUUpstream has, so GitOps health (Argo CD) can tell a
+            # broken route from one still coming up.
+            conds.set("Degraded", *(("True", verdict.reason, verdict.message) if verdict.degraded
+                                    else ("False", "AsExpected", "")))
+            conds.set("Progressing", *(("True", "WaitingForUpstreams", verdict.progressing) if verdict.progressing
+                                       else ("False", "Settled", "")))
+            up = {t["upstream"]: t["ready"] for t in verdict.tier_status}
             new = {"observedGeneration": meta.get("generation", 1), "conditions": conds.items, "tiers": verdict.tiers,
+                   "tierStatus": verdict.tier_status, "strategy": verdict.strategy or None,
+                   "upstreamsReady": f"{sum(up.values())}/{len(up)}" if up else None,
                    "configMap": cm, "configHash": rendered.digest}
             if _status_changed(status, new):
                 kube.patch_status(namespace, meta["name"], new, ROUTES)

@@ -121,7 +121,8 @@ def _refuse(obs: Observed, conds: Conditions, status: dict[str, Any], reason: st
     where = f"the running Deployment is unchanged (engine hash {running})" if obs.deployment else "nothing deployed"
     conds.set("Ready", "False", "ChangeRefused", f"{msg}; {where}")
     conds.set("Progressing", "False", "ChangeRefused", f"change refused; {where}")
-    conds.set("Degraded", "True", "ChangeRefused", f"change refused; {where}")
+    # The cause in Degraded too: GitOps health (Argo CD) shows Degraded's message.
+    conds.set("Degraded", "True", "ChangeRefused", f"change refused: {msg}; {where}")
     keep = {k: v for k, v in obs.status.items() if k not in ("conditions", "observedGeneration")}
     return Outcome({**keep, **status, "conditions": conds.items}, warnings=[("ChangeRefused", msg)])
 

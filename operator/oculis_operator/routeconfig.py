@@ -31,7 +31,7 @@ import yaml
 from pydantic import ValidationError
 
 from oculis.base import format_errors
-from oculis.inferenceroute import DEFAULT_CONFIG_MAP, InferenceRouteSpec
+from oculis.inferenceroute import DEFAULT_CONFIG_MAP, HEADS_DIR, InferenceRouteSpec
 from oculis.router import NAME_PATTERN, RouterConfig, Upstream
 from oculis_operator import render
 from oculis_operator.conditions import condition
@@ -47,10 +47,22 @@ LEFT_OUT = "the route is left out of the router config"
 
 @dataclass
 class RouteVerdict:
+    """A route's status: Ready, and for GitOps health (Argo CD) Degraded and Progressing."""
+
     ready: bool
     reason: str
     message: str
     tiers: str = ""
+    # A route left out or over an upstream that cannot answer is Degraded; one waiting for an upstream
+    # still coming up (or scaled to zero: Suspended) is not: a fresh sync must not read as a failure.
+    degraded: bool = True
+    progressing: str = ""  # why it is moving (an upstream rolling or being created); "" when settled
+    tier_status: list[dict[str, Any]] = field(default_factory=list)  # [{name, upstream, ready}]
+    strategy: str = ""
+
+
+# An upstream as a route's tier sees it (`upstream_state`).
+READY, PROGRESSING, SCALED_TO_ZERO, NOT_READY = "ready", "progressing", "scaled-to-zero", "not-ready"
 
 
 @dataclass
@@ -122,6 +134,24 @@ def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] 
 
 def ready(obj: dict[str, Any]) -> bool:
     return condition(obj.get("status"), "Ready").get("status") == "True"
+
+
+def upstream_state(obj: dict[str, Any] | None) -> str:
+    """Can this upstream answer a tier's requests? Ready, or a self-hosted one with a ready replica
+    (a rolling update or a refused change keeps the old replicas answering); otherwise scaled to zero,
+    still coming up (no status yet, or Progressing and not Degraded), or not Ready (Degraded)."""
+    if obj is None:
+        return NOT_READY
+    status = obj.get("status") or {}
+    if ready(obj) or ((obj.get("spec") or {}).get("provider") == "vllm" and (status.get("readyReplicas") or 0) > 0):
+        return READY
+    ready_cond = condition(status, "Ready")
+    if ready_cond.get("reason") == "ScaledToZero":
+        return SCALED_TO_ZERO
+    degraded = condition(status, "Degraded").get("status") == "True"
+    if not degraded and (not ready_cond or condition(status, "Progressing").get("status") == "True"):
+        return PROGRESSING
+    return NOT_READY
 
 
 def not_ready_because(obj: dict[str, Any]) -> str:
@@ -203,57 +233,76 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
             verdicts[name] = RouteVerdict(False, "InvalidSpec", one_line(exc, "spec"))
             continue
         tiers = ", ".join(f"{t.name}->{t.upstream}" for t in spec.tiers)
+        tier_status = [{"name": t.name, "upstream": t.upstream,
+                        "ready": upstream_state(by_name.get(t.upstream)) == READY} for t in spec.tiers]
+
+        def verdict(ready_: bool, reason: str, message: str, degraded: bool = True, progressing: str = "",
+                    tiers: str = tiers, tier_status: list[dict[str, Any]] = tier_status,
+                    strategy: str = spec.strategy) -> RouteVerdict:
+            return RouteVerdict(ready_, reason, message, tiers, degraded, progressing, tier_status, strategy)
         if not re.fullmatch(NAME_PATTERN, name):  # a valid object name can still have dots
-            verdicts[name] = RouteVerdict(
+            verdicts[name] = verdict(
                 False, "InvalidName",
                 f"metadata.name {name!r} cannot be a route name, which clients send as `model`: use lowercase "
-                f"letters, digits and '-' (no dots); {LEFT_OUT}", tiers)
+                f"letters, digits and '-' (no dots); {LEFT_OUT}")
             continue
         if name in by_name:
-            verdicts[name] = RouteVerdict(
+            verdicts[name] = verdict(
                 False, "NameCollision",
                 f"a GPUUpstream named {name} exists in this namespace, and a request for model {name} would reach "
-                f"it, never this route; rename the route or the upstream; {LEFT_OUT}", tiers)
+                f"it, never this route; rename the route or the upstream; {LEFT_OUT}")
             continue
         missing = [t.upstream for t in spec.tiers if t.upstream not in by_name]
         if missing:
-            verdicts[name] = RouteVerdict(
-                False,
-                "UpstreamNotFound",
-                f"no GPUUpstream named {', '.join(missing)} in this namespace; {LEFT_OUT}",
-                tiers,
-            )
+            verdicts[name] = verdict(
+                False, "UpstreamNotFound", f"no GPUUpstream named {', '.join(missing)} in this namespace; {LEFT_OUT}")
             continue
         names = list(dict.fromkeys(t.upstream for t in spec.tiers))
         broken = [f"GPUUpstream {u}: {checked(u)[2]}" for u in names if checked(u)[2]]
         if broken:  # only the routes that use a broken upstream pay for it
-            verdicts[name] = RouteVerdict(False, "InvalidUpstream", f"{'; '.join(broken)}; {LEFT_OUT}", tiers)
+            verdicts[name] = verdict(False, "InvalidUpstream", f"{'; '.join(broken)}; {LEFT_OUT}")
             continue
-        not_ready = [not_ready_because(by_name[u]) for u in names if not ready(by_name[u])]
-        body = spec.model_dump(exclude={"config_map"}, mode="json")
+        states = {u: upstream_state(by_name[u]) for u in names}
+        # Only set fields: the router applies the same defaults, and a person reading the ConfigMap
+        # need not read past a null for every field left out.
+        body = spec.model_dump(exclude={"config_map"}, mode="json", exclude_none=True)
+        if spec.classifier.head_from is not None:  # the router reads the ConfigMap where it is mounted
+            ref = spec.classifier.head_from.config_map_key_ref
+            body["classifier"].pop("head_from")
+            body["classifier"]["head_path"] = f"{HEADS_DIR}/{ref.name}/{ref.key}"
         route_doc = {"name": name, **body}
         try:  # this route alone, with its upstreams, as the router will read it
             RouterConfig.model_validate({"upstreams": [checked(u)[0] for u in names], "routes": [route_doc]})
         except ValidationError as exc:
-            verdicts[name] = RouteVerdict(False, "InvalidRouterConfig",
-                                          f"{one_line(exc)}; {LEFT_OUT}", tiers)
+            verdicts[name] = verdict(False, "InvalidRouterConfig", f"{one_line(exc)}; {LEFT_OUT}")
             continue
         rendered_routes.append(route_doc)
         used.update(names)
-        verdicts[name] = (
-            RouteVerdict(False, "UpstreamNotReady", f"rendered, but not Ready yet: {', '.join(not_ready)}", tiers)
-            if not_ready
-            else RouteVerdict(True, "Rendered", "in the router config", tiers)
-        )
+        failing = [not_ready_because(by_name[u]) for u in names if states[u] == NOT_READY]
+        coming = [not_ready_because(by_name[u]) for u in names if states[u] == PROGRESSING]
+        zero = [u for u in names if states[u] == SCALED_TO_ZERO]
+        if failing:
+            verdicts[name] = verdict(False, "UpstreamNotReady", f"rendered, but not Ready yet: {', '.join(failing)}")
+        elif coming:
+            verdicts[name] = verdict(False, "UpstreamProgressing", f"rendered, waiting for {', '.join(coming)}",
+                                     degraded=False, progressing=f"waiting for {', '.join(coming)}")
+        elif zero:
+            verdicts[name] = verdict(False, "ScaledToZero", f"rendered, but scaled to zero: {', '.join(zero)}",
+                                     degraded=False)
+        else:
+            # An upstream rolling with replicas still answering leaves the route Ready and settled: the
+            # upstream reports its own rollout.
+            verdicts[name] = verdict(True, "Rendered", "in the router config", degraded=False)
     doc = {"oculis": {"upstreams": [checked(u)[0] for u in sorted(used)], "routes": rendered_routes}}
     secrets = [s for u in sorted(used) if (s := checked(u)[1])]
     try:
         RouterConfig.model_validate(doc["oculis"])  # exactly what the router will accept
     except ValidationError as exc:  # each route passed alone; a conflict between them is still refused
         for r in rendered_routes:
+            before = verdicts[r["name"]]
             verdicts[r["name"]] = RouteVerdict(
-                False, "InvalidRouterConfig", f"{one_line(exc)}; {LEFT_OUT}",
-                verdicts[r["name"]].tiers)
+                False, "InvalidRouterConfig", f"{one_line(exc)}; {LEFT_OUT}", before.tiers,
+                tier_status=before.tier_status, strategy=before.strategy)
         doc, secrets = EMPTY, []
     data = {CONFIG_KEY: yaml.safe_dump(doc, sort_keys=False), SECRETS_KEY: json.dumps(secrets, indent=1)}
     return Rendered(data, data_digest(data), verdicts, owner_references(routes))
