@@ -35,9 +35,10 @@ def test_chart_lints_and_installs(bin_dir: Path, kubeconfig: Path, api: client.A
         pod = dep.spec.template.spec
         assert pod.security_context.run_as_non_root is True
         assert pod.containers[0].security_context.read_only_root_filesystem is True
-        op = pod.containers[0]  # kopf's liveness endpoint is probed; metrics are served and annotated
-        assert op.args == ["--liveness=http://0.0.0.0:8080/healthz", "--all-namespaces"]
-        assert op.liveness_probe.http_get.port == "health" and dep.spec.strategy.type == "Recreate"
+        op = pod.containers[0]  # the leader-election health endpoints are probed; metrics served and annotated
+        assert op.args == ["--all-namespaces"] and op.command == ["python", "-m", "oculis_operator.leader"]
+        assert op.liveness_probe.http_get.port == "health" and op.readiness_probe.http_get.path == "/readyz"
+        assert dep.spec.strategy.type == "RollingUpdate"
         assert {e.name: e.value for e in op.env}["OCULIS_METRICS_PORT"] == "9091"
         assert dep.spec.template.metadata.annotations["prometheus.io/port"] == "9091"
         router = client.AppsV1Api(api).read_namespaced_deployment(f"{release}-router", namespace).spec.template.spec
@@ -64,7 +65,7 @@ def test_chart_lints_and_installs(bin_dir: Path, kubeconfig: Path, api: client.A
 def test_a_second_release_in_another_namespace_installs_and_a_second_operator_is_refused(
         bin_dir: Path, kubeconfig: Path, api: client.ApiClient, namespace: str) -> None:
     """Cluster-scoped names carry the namespace, so one release name installs in two namespaces; two
-    operators over the same namespace (kopf runs standalone, no leader election) are refused."""
+    operators over the same namespace (each release elects its leader among its own replicas) are refused."""
     core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
     other = f"{namespace}-b"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=other)))
@@ -96,7 +97,7 @@ def test_a_second_release_in_another_namespace_installs_and_a_second_operator_is
             binding = rbac.read_cluster_role_binding(f"{ns}:{release}-operator")
             assert binding.subjects[0].namespace == ns
             args = client.AppsV1Api(api).read_namespaced_deployment(f"{release}-operator", ns).spec.template.spec
-            assert args.containers[0].args[1:] == [f"--namespace={ns}"]
+            assert args.containers[0].args == [f"--namespace={ns}"]
         # A router-only release (operator.enabled=false) next to them installs no operator at all.
         helm(bin_dir, kubeconfig, "uninstall", release, "-n", other)
         installed.remove(other)

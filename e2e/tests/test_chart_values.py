@@ -52,7 +52,8 @@ def test_chart_lints_strict(helm_bin: Path) -> None:
     ("operator.metricsPort=8080", "/operator/metricsPort'"),  # kopf's liveness port in the same container
     ("operator.webhook.port=8080", "/operator/webhook/port'"),
     ("operator.metricsPort=70000", "/operator/metricsPort'"),
-    ("operator.replicas=3", "/operator/replicas': maximum: got 3, want 1"),  # kopf standalone: no leader election
+    ("operator.replicas=-1", "/operator/replicas': minimum: got -1, want 0"),
+    ("operator.leaderElection.leaseDuration=0", "/operator/leaderElection/leaseDuration'"),
     ("operator.watchNamespaces={Not_A_Namespace}", "/operator/watchNamespaces/0'"),
     ("router.replicas=-1", "/router/replicas'"),
     ("router.image.pullPolicy=Sometimes", "/router/image/pullPolicy'"),
@@ -90,11 +91,11 @@ def test_the_operator_watches_what_the_values_say_and_runs_alone(helm_bin: Path)
 
     default = operator()
     container = default["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["kopf", "run", "--standalone", "-m", "oculis_operator.handlers"]
-    assert container["args"] == ["--liveness=http://0.0.0.0:8080/healthz", "--all-namespaces"]
-    assert default["spec"]["replicas"] == 1 and default["spec"]["strategy"] == {"type": "Recreate"}
+    assert container["command"] == ["python", "-m", "oculis_operator.leader"]  # Lease election around kopf
+    assert container["args"] == ["--all-namespaces"]
+    assert default["spec"]["replicas"] == 2 and default["spec"]["strategy"]["type"] == "RollingUpdate"
     some = operator("operator.watchNamespaces={demo,prod}")["spec"]["template"]["spec"]["containers"][0]
-    assert some["args"][1:] == ["--namespace=demo", "--namespace=prod"]
+    assert some["args"] == ["--namespace=demo", "--namespace=prod"]
     role = next(d for d in rendered(helm_bin, "operator.watchNamespaces={demo,prod}") if d["kind"] == "ClusterRole")
     assert role["metadata"]["annotations"]["oculis.dev/watch-namespaces"] == "demo,prod"
     router_only = rendered(helm_bin, "operator.enabled=false")

@@ -16,8 +16,8 @@ release namespace, so the same release name can be installed in a second namespa
 {{ if .Values.operator.watchNamespaces }}{{ join "," .Values.operator.watchNamespaces }}{{ else }}*{{ end }}
 {{- end }}
 
-{{/* The operator runs kopf standalone (no leader election, no peering): two operators watching one
-namespace would both reconcile its objects. Refuse, at install/upgrade, a release whose operator
+{{/* Each release's operator replicas elect a leader among themselves (their own Lease): two
+releases' operators watching one namespace would both reconcile its objects. Refuse, at install/upgrade, a release whose operator
 would watch a namespace another release's operator already watches (`lookup` sees the cluster
 then; `helm template` renders offline and skips this). */}}
 {{- define "oculis.refuseSecondOperator" -}}
@@ -35,11 +35,67 @@ then; `helm template` renders offline and skips this). */}}
 {{- end }}
 {{- end }}
 {{- if $overlap }}
-{{- fail (printf "operator.watchNamespaces: the operator of release %s in namespace %s already watches %s (this release would watch %s); two operators would reconcile the same objects, as the operator runs without leader election. Install this release with --set operator.enabled=false (router only), or set operator.watchNamespaces to namespaces no other operator watches" (get $notes "meta.helm.sh/release-name") (get $notes "meta.helm.sh/release-namespace") (replace "*" "all namespaces" $theirs) (replace "*" "all namespaces" (include "oculis.watched" $))) }}
+{{- fail (printf "operator.watchNamespaces: the operator of release %s in namespace %s already watches %s (this release would watch %s); two operators would reconcile the same objects, as leader election runs only among one release's replicas. Install this release with --set operator.enabled=false (router only), or set operator.watchNamespaces to namespaces no other operator watches" (get $notes "meta.helm.sh/release-name") (get $notes "meta.helm.sh/release-namespace") (replace "*" "all namespaces" $theirs) (replace "*" "all namespaces" (include "oculis.watched" $))) }}
 {{- end }}
 {{- if and $.Values.operator.webhook.enabled (eq (get $notes "oculis.dev/webhook") "true") }}
 {{- fail (printf "operator.webhook.enabled: the operator of release %s in namespace %s already serves the validating webhook; the operator names its ValidatingWebhookConfiguration oculis.dev, one per cluster, so leave operator.webhook.enabled false in this release" (get $notes "meta.helm.sh/release-name") (get $notes "meta.helm.sh/release-namespace")) }}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/* Alerting rules over the metrics the operator (oculis_operator_*) and the router (oculis_*)
+export; `promtool check rules` runs on them in the tests. `.jump`: escalation-rate factor. */}}
+{{- define "oculis.ruleGroups" -}}
+groups:
+  - name: oculis
+    rules:
+      - alert: OculisChangeRefused
+        expr: sum by (reason) (increase(oculis_operator_refusals_total[10m])) > 0
+        labels: {severity: warning}
+        annotations:
+          summary: "A GPUUpstream engine change was refused ({{ "{{" }} $labels.reason {{ "}}" }})"
+          description: "The running Deployment is unchanged; `kubectl get gu -A` shows which upstream is CapacityOK=False and the largest safe settings."
+      - alert: OculisUpstreamNotReady
+        expr: max(oculis_operator_upstreams{ready="false"}) > 0
+        for: 10m
+        labels: {severity: warning}
+        annotations:
+          summary: "{{ "{{" }} $value {{ "}}" }} GPUUpstream(s) not Ready for 10 minutes"
+          description: "`kubectl get gu -A` shows READY False and the REASON; their routes fail over or are Degraded."
+      - alert: OculisEscalationRateJump
+        expr: |
+          (sum by (route) (rate(oculis_escalations_total[15m])) / sum by (route) (rate(oculis_requests_total[15m])))
+            > {{ .jump }} * (sum by (route) (rate(oculis_escalations_total[1d] offset 15m))
+                        / sum by (route) (rate(oculis_requests_total[1d] offset 15m)))
+        for: 15m
+        labels: {severity: warning}
+        annotations:
+          summary: "Route {{ "{{" }} $labels.route {{ "}}" }} escalates more than {{ .jump }}x its usual share"
+          description: "A tier fails or the classifier's confidence fell (new traffic?): check oculis_upstream_failures_total and `oculis route analyze`."
+      - alert: OculisUpstreamFailures
+        expr: sum by (upstream, kind) (rate(oculis_upstream_failures_total[5m])) > 0.1
+        for: 10m
+        labels: {severity: warning}
+        annotations:
+          summary: "Upstream {{ "{{" }} $labels.upstream {{ "}}" }} fails requests ({{ "{{" }} $labels.kind {{ "}}" }})"
+          description: "More than one failure every 10 s after retries; requests fail over to the next tier."
+      - alert: OculisCacheHitsStopped
+        # The router counts a cache backend error (Redis unreachable) as a miss and serves on: a route
+        # whose hits stop while it still looks up is the sign of it.
+        expr: |
+          sum by (route) (rate(oculis_cache_lookups_total{result="hit"}[15m])) == 0
+            and sum by (route) (rate(oculis_cache_lookups_total[15m])) > 0
+            and sum by (route) (rate(oculis_cache_lookups_total{result="hit"}[1d] offset 15m)) > 0
+        for: 15m
+        labels: {severity: warning}
+        annotations:
+          summary: "Route {{ "{{" }} $labels.route {{ "}}" }} gets no response-cache hits any more"
+          description: "Its lookups all miss after a day with hits: check the cache backend (Redis) in the router's log."
+      - alert: OculisRouterConfigRejected
+        expr: sum(increase(oculis_config_reloads_total{result="rejected"}[10m])) > 0
+        labels: {severity: warning}
+        annotations:
+          summary: "The router rejected a new config and keeps serving the last good one"
+          description: "The router log names the field; the operator's InferenceRoute status says which route."
 {{- end }}
