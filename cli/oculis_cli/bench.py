@@ -479,6 +479,9 @@ def run(args: argparse.Namespace, stdout: TextIO = sys.stdout) -> int:
     except Unreachable as exc:
         print(f"oculis bench run: {exc}", file=sys.stderr)
         return UNREACHABLE
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback; nothing is saved from a cut run
+        print("oculis bench run: interrupted; nothing saved", file=sys.stderr)
+        return 130
     except ImportError as exc:
         print(f"oculis bench run: error: a library is missing ({exc}); install it with `pip install -e "
               "'.[bench,router]'` from an Oculis checkout", file=sys.stderr)
