@@ -155,7 +155,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
 
 # ---- the load ------------------------------------------------------------------------------------------
 
-class Progress:
+class ProgressView:
     """A rich progress bar on a terminal; a plain line every 5 s when stderr is piped; nothing if off."""
 
     def __init__(self, total_s: float, enabled: bool, stream: TextIO = sys.stderr) -> None:
@@ -256,7 +256,7 @@ async def _one(client: Any, route: str, req: Any, result: Any, t0: float, timeou
 
 
 async def _load(inp: dict[str, Any], args: argparse.Namespace,
-                progress: Progress) -> tuple[list[Any], dict[str, float]]:
+                progress: ProgressView) -> tuple[list[Any], dict[str, float]]:
     import httpx
 
     from oculis_cli.bench_stats import RequestResult
@@ -503,7 +503,7 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
         except PromError as exc:
             raise Unreachable(str(exc)) from None
     wl = inp["workload"]
-    progress = Progress(inp["warmup"] + inp["duration"], enabled=not args.no_progress)
+    progress = ProgressView(inp["warmup"] + inp["duration"], enabled=not args.no_progress)
     try:
         results, window = asyncio.run(_load(inp, args, progress))
     finally:

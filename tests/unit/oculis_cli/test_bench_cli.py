@@ -73,3 +73,20 @@ def test_table_and_csv_say_simulated_exactly_when_the_answers_were(simulated: bo
     rows = list(csv.DictReader(io.StringIO(sheet.getvalue())))
     assert rows and {r["simulated"] for r in rows} == {str(simulated).lower()}
     assert next(r for r in rows if r["metric"] == "ttft_ms.p50")["current"] == "50.0"
+
+
+def test_progress_is_a_plain_line_every_5_s_when_piped_and_nothing_when_off() -> None:
+    from oculis_cli.bench import ProgressView
+
+    piped = io.StringIO()  # not a terminal: no bar, no escape codes
+    view = ProgressView(20, enabled=True, stream=piped)
+    for t in (0.0, 2.0, 5.0, 6.0, 10.5):
+        view.update(t, sent=int(t), done=0, inflight=1, phase="measuring")
+    view.close()
+    assert piped.getvalue().splitlines() == [
+        "oculis bench run:     5s/20s measuring: 5 sent, 0 done, 1 in flight",
+        "oculis bench run:    10s/20s measuring: 10 sent, 0 done, 1 in flight"]
+    off = io.StringIO()
+    quiet = ProgressView(20, enabled=False, stream=off)
+    quiet.update(10, 1, 1, 0, "measuring")
+    assert off.getvalue() == ""
