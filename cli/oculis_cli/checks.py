@@ -76,26 +76,38 @@ def cluster_checks(args: argparse.Namespace) -> tuple[list[core.Check], dict[str
         try:
             installed = api.sanitize_for_serialization(ext.read_custom_resource_definition(name))
         except ApiException as exc:
-            installed = None if exc.status == 404 else {"spec": {}}
+            if exc.status != 404:  # forbidden (a namespaced user), or the server failed: say so, go on
+                checks.append(core.unreadable("cluster", f"CRD {name}", f"customresourcedefinitions/{name}", exc))
+                continue
+            installed = None
         checks.append(core.crd_check(name, installed, expected))
     co: Any = client.CustomObjectsApi(api)
     for plural in ("inferenceroutes", "gpuupstreams"):
-        with contextlib.suppress(ApiException):  # no CRD: the CRD line above already says so
+        with contextlib.suppress(ApiException):  # no CRD or not allowed: the lines above say which
             facts["routes" if plural == "inferenceroutes" else "upstreams"] = co.list_namespaced_custom_object(
                 "oculis.dev", "v1alpha1", args.namespace, plural).get("items") or []
-    pods: list[Any] = client.CoreV1Api(api).list_pod_for_all_namespaces(label_selector=OPERATOR_SELECTOR).items
-    ready = sum(any(c.type == "Ready" and c.status == "True" for c in ((p.status and p.status.conditions) or []))
-                for p in pods)
     objs = facts["routes"] + facts["upstreams"]
     stale = [f"{o['kind']}/{o['metadata']['name']}" for o in objs
              if (o.get("status") or {}).get("observedGeneration") != o["metadata"].get("generation")]
-    checks.append(core.operator_check(ready, len(pods), len(objs) - len(stale), stale))
+    try:
+        pods: list[Any] = client.CoreV1Api(api).list_pod_for_all_namespaces(label_selector=OPERATOR_SELECTOR).items
+    except ApiException as exc:
+        if objs and not stale:  # the objects show an operator at work even where its pods cannot be listed
+            checks.append(core.operator_check(0, 0, len(objs), []))
+        else:
+            checks.append(core.unreadable("cluster", "operator running", "pods in all namespaces", exc))
+    else:
+        ready = sum(any(c.type == "Ready" and c.status == "True" for c in ((p.status and p.status.conditions) or []))
+                    for p in pods)
+        checks.append(core.operator_check(ready, len(pods), len(objs) - len(stale), stale))
     try:
         hook = api.sanitize_for_serialization(
             client.AdmissionregistrationV1Api(api).read_validating_webhook_configuration(WEBHOOK_CONFIG))
-    except ApiException:
-        hook = None
-    checks.append(core.webhook_check(hook))
+        checks.append(core.webhook_check(hook))
+    except ApiException as exc:
+        checks.append(core.webhook_check(None) if exc.status == 404 else
+                      core.unreadable("cluster", "admission webhook",
+                                      f"validatingwebhookconfigurations/{WEBHOOK_CONFIG}", exc))
     facts["api"] = api
     return checks, facts
 

@@ -52,6 +52,15 @@ def cluster_check(kubeconfig: str | None, error: str | None, server: str | None)
     return Check("cluster", "cluster reachable", PASS, f"API server {server}")
 
 
+def unreadable(section: str, name: str, what: str, exc: Any) -> Check:
+    """A check this kubeconfig may not read (HTTP 403) or the server did not answer: WARN, since the
+    prerequisite may well be there; the fix says what to ask for."""
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None) or str(exc)
+    why = "forbidden" if status == 403 else f"HTTP {status} {reason}".strip()
+    return Check(section, name, WARN, f"cannot read {what}: {why}",
+                 "run with a kubeconfig that may get/list it, or ask an admin to run this check", required=False)
+
+
 def crd_check(name: str, installed: dict[str, Any] | None, expected: dict[str, Any]) -> Check:
     """The installed CRD serves our version with our schema (the generated one is the truth)."""
     if installed is None:

@@ -114,7 +114,7 @@ def load_catalog(args: Any) -> Catalog:
         raise SourceError(f"no InferenceRoute in namespace {args.namespace}; pass -n NAMESPACE or --config FILE",
                           EXIT_USAGE)
     rendered = render_namespace(routes, upstreams)
-    text = next(iter(rendered.data.values()), "")
+    text = rendered.data.get("oculis-config.yaml", "")
     try:
         cfg = parse_config(text, f"namespace {args.namespace}")
     except ConfigError as exc:

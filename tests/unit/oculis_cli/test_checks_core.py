@@ -86,3 +86,12 @@ def test_check_deps_json_lists_every_section(capsys: pytest.CaptureFixture[str],
     names = {x["name"]: x["status"] for x in rep["checks"]}
     assert names["cluster reachable"] == c.SKIP and names["Prometheus reachable"] == c.FAIL
     assert names["extra core"] == c.PASS and not rep["ok"]
+
+
+def test_what_this_kubeconfig_may_not_read_is_a_warning_not_a_failure() -> None:
+    class Forbidden(Exception):
+        status, reason = 403, "Forbidden"
+
+    line = c.unreadable("cluster", "CRD x", "customresourcedefinitions/x", Forbidden())
+    assert line.status == c.WARN and not line.required and "forbidden" in line.detail
+    assert not c.failed([line])
