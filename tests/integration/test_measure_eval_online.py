@@ -1,0 +1,71 @@
+"""`oculis eval run --url`: a suite sent through a real `oculis serve` (route) and to the strongest
+tier's upstream by name, both answers graded; the tiers are the ones the router's headers name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from router_support import Fakes
+from test_router_processes import start_router
+
+from oculis_cli.main import main
+
+PROMPTS = ["hi", "thanks", "good morning", "say hello", "what is 2+2?", "ok then"]
+
+
+def test_online_eval_grades_routed_and_baseline_answers(fakes: Fakes, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes.scripts["small"].reply = "wrong"  # the cheapest tier answers badly
+    for name in ("large", "frontier"):
+        fakes.scripts[name].reply = "hello"  # the fakes answer "<reply> from <name>"
+    cfg = tmp_path / "oculis-config.yaml"
+    cfg.write_text(yaml.safe_dump(fakes.config()))
+    router, url, _ = start_router(cfg, tmp_path / "router.log")
+    try:
+        suite = tmp_path / "suite.jsonl"
+        lines = [{"prompt": p, "expected": r"^hello from", "match": "regex"} for p in PROMPTS]
+        lines.append({"prompt": "exactly", "expected": "hello from frontier"})  # exact: only gpt-4o's answer
+        suite.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        tiers = []
+        with httpx.Client(headers={"authorization": "Bearer sk-client"}) as client:
+            for x in lines:  # what the router does with each (the eval sends the same requests)
+                r = client.post(url + "/v1/chat/completions", json={
+                    "model": "adaptive", "temperature": 0, "max_tokens": 256,
+                    "messages": [{"role": "user", "content": x["prompt"]}]})
+                tiers.append(r.headers["x-oculis-tier"])
+        monkeypatch.setenv("OCULIS_EVAL_KEY", "sk-client")
+        code = main(["eval", "run", "--route", "adaptive", "--suite", str(suite), "--url", url, "--config", str(cfg),
+                     "--api-key-env", "OCULIS_EVAL_KEY", "--by-tier", "-o", "json"])
+        rep = json.loads(capsys.readouterr().out)
+        assert rep["mode"] == "online" and rep["overall"]["n"] == len(lines)
+        by = {t["name"]: t for t in rep["tiers"]}
+        assert {n: t["n"] for n, t in by.items() if t["n"]} == {t: tiers.count(t) for t in set(tiers)}
+        assert rep["overall"]["baseline_accuracy"] == 1.0  # gpt-4o's answer matches every line
+        wrong = tiers[:-1].count("simple") + (tiers[-1] != "complex")
+        assert rep["overall"]["accuracy"] == round((len(lines) - wrong) / len(lines), 4)
+        simple = tiers.count("simple")
+        if simple:
+            assert by["simple"]["accuracy"] == 0.0 and rep["overall"]["verdict"] in ("FAIL", "INCONCLUSIVE")
+        assert code == {"PASS": 0, "FAIL": 3, "INCONCLUSIVE": 4}[rep["overall"]["verdict"]]
+    finally:
+        router.terminate()
+        router.wait(10)
+
+
+def test_online_eval_against_a_router_that_is_down_exits_5(tmp_path: Path, fakes: Fakes,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from fake_upstreams import free_port
+
+    cfg = tmp_path / "oculis-config.yaml"
+    cfg.write_text(yaml.safe_dump(fakes.config()))
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"prompt": "hi", "expected": "hello"}) + "\n")
+    code = main(["eval", "run", "--route", "adaptive", "--suite", str(suite), "--config", str(cfg),
+                 "--url", f"http://127.0.0.1:{free_port()}"])
+    err = capsys.readouterr().err
+    assert code == 5 and "unreachable" in err and len(err.strip().splitlines()) == 1
