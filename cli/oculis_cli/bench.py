@@ -86,6 +86,9 @@ def register(sub: Any) -> None:
     p.add_argument("--report", type=Path, metavar="FILE.html", help="self-contained HTML page with plots")
     p.add_argument("-o", "--output", choices=["table", "json", "yaml", "csv"], default="table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines on stderr")
+    p.add_argument("--fresh-cache", action="store_true",
+                   help="start every prompt with a word unique to this run, so nothing is reused from an earlier "
+                   "run's prefix cache (shared prefixes within the run still are); the fingerprint is unchanged")
     p.set_defaults(run=run)
 
 
@@ -184,11 +187,14 @@ class ProgressView:
             self.bar.stop()
 
 
-async def _one(client: Any, route: str, req: Any, result: Any, t0: float, timeout: float) -> None:
+async def _one(client: Any, route: str, req: Any, result: Any, t0: float, timeout: float, salt: str = "") -> None:
     import httpx
 
     loop = asyncio.get_running_loop()
-    body = {"model": route, "messages": req.messages, "max_tokens": req.max_tokens, "stream": True,
+    messages = req.messages
+    if salt:  # the same word at the very start of every prompt of this run: a new prefix for the engine's cache
+        messages = [{**messages[0], "content": f"{salt} {messages[0]['content']}"}, *messages[1:]]
+    body = {"model": route, "messages": messages, "max_tokens": req.max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
     sent = loop.time()
     result.sent_s = sent - t0
@@ -270,6 +276,7 @@ async def _load(inp: dict[str, Any], args: argparse.Namespace,
     results: list[RequestResult] = []
     tasks: set[asyncio.Task[None]] = set()
     loop = asyncio.get_running_loop()
+    salt = f"run{os.urandom(4).hex()}" if args.fresh_cache else ""
     async with httpx.AsyncClient(base_url=args.url, headers=headers, limits=limits,
                                  timeout=httpx.Timeout(inp["timeout"], connect=10)) as client:
         t0 = loop.time()
@@ -281,7 +288,7 @@ async def _load(inp: dict[str, Any], args: argparse.Namespace,
             r.warmup = r.sent_s < warmup
             results.append(r)
             task = asyncio.create_task(_one(client, args.route, wl.requests[i % len(wl.requests)], r, t0,
-                                            inp["timeout"]))
+                                            inp["timeout"], salt))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             return task
@@ -418,7 +425,8 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
     console.print(f"route {wl['route']}, profile {wl['profile']} (dataset {wl['dataset_hash']}, seed {wl['seed']}, "
                   f"fingerprint {doc['workload_hash']}), {wl['duration_s']:g}s measured after {wl['warmup_s']:g}s "
                   f"warm-up, " + (f"concurrency {load['concurrency']}" if "concurrency" in load else
-                                  f"{load['rate']:g} req/s requested (burstiness {load['burstiness']:g})"))
+                                  f"{load['rate']:g} req/s requested (burstiness {load['burstiness']:g})")
+                  + (", prompts salted for this run (--fresh-cache)" if doc.get("fresh_cache") else ""))
     if cur.get("achieved_rate") is not None and "rate" in load:
         lag = cur.get("send_lag_ms") or {}
         console.print(f"achieved {cur['achieved_rate']:.2f} req/s sent ({doc['scheduled_rate']:.2f} scheduled by the "
@@ -552,7 +560,7 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
         "schema_version": 1, "verdict": verdict, "reasons": [r for r in reasons if r], "simulated": simulated,
         "note": SIM_NOTE if simulated else None, "target": args.url, "workload": wl.fingerprint,
         "workload_hash": wl.fingerprint_hash, "current": current, "baseline": baseline, "delta": deltas,
-        "slos": slo_results, "warnings": warnings, "scheduled_rate": scheduled,
+        "slos": slo_results, "warnings": warnings, "scheduled_rate": scheduled, "fresh_cache": args.fresh_cache,
         "cost_note": None if current["cost_per_1k_requests"] is not None else cost_note,
     }
     if args.save is not None:

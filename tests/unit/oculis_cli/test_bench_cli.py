@@ -90,3 +90,65 @@ def test_progress_is_a_plain_line_every_5_s_when_piped_and_nothing_when_off() ->
     quiet = ProgressView(20, enabled=False, stream=off)
     quiet.update(10, 1, 1, 0, "measuring")
     assert off.getvalue() == ""
+
+
+def _sse(*chunks: dict[str, Any], done: bool = True) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + (b"data: [DONE]\n\n" if done
+                                                                                     else b"")
+
+
+def _run_one(body: bytes, status: int = 200, salt: str = "", headers: dict[str, str] | None = None,
+             ) -> tuple[RequestResult, list[dict[str, Any]]]:
+    import asyncio
+
+    import httpx
+
+    from oculis_cli.bench import _one
+    from oculis_cli.bench_workload import PlannedRequest
+
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(status, content=body, headers={"content-type": "text/event-stream", **(headers or {})})
+
+    req = PlannedRequest([{"role": "system", "content": "shared"}, {"role": "user", "content": "hi"}], 3, 0, 0)
+    result = RequestResult(0, 0.0)
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url="http://t", transport=httpx.MockTransport(handler)) as client:
+            await _one(client, "r", req, result, 0.0, 10.0, salt)
+
+    asyncio.run(go())
+    return result, sent
+
+
+def test_a_stream_gives_ttft_gaps_usage_and_the_simulator_mark() -> None:
+    def chunk(text: str) -> dict[str, Any]:
+        return {"system_fingerprint": "oculis-simulator", "choices": [{"delta": {"content": text}}]}
+
+    usage = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3,
+                                      "prompt_tokens_details": {"cached_tokens": 4}}}
+    r, sent = _run_one(_sse({"choices": [{"delta": {"role": "assistant"}}]}, chunk("a"), chunk(" b"), chunk(" c"),
+                            usage), headers={"x-oculis-upstream": "llama-8b"})
+    assert r.ok and r.error is None and r.simulated and r.upstream == "llama-8b"
+    assert r.ttft_s is not None and len(r.itl_s) == 2  # the role chunk carries no content: not the first token
+    assert (r.output_tokens, r.prompt_tokens, r.cached_tokens) == (3, 9, 4)
+    assert sent[0]["model"] == "r" and sent[0]["stream"] and sent[0]["stream_options"] == {"include_usage": True}
+    assert sent[0]["messages"][0]["content"] == "shared"
+
+
+def test_fresh_cache_salts_only_the_start_of_the_prompt() -> None:
+    _, sent = _run_one(_sse({"choices": [{"delta": {"content": "x"}}]}), salt="run1234")
+    assert [m["content"] for m in sent[0]["messages"]] == ["run1234 shared", "hi"]
+
+
+@pytest.mark.parametrize(("body", "status", "kind"), [
+    (b'{"error": {"message": "slow down"}}', 429, "http_429"),
+    (_sse({"error": {"message": "upstream failed"}}), 200, "stream_error"),
+    (_sse({"choices": [{"delta": {"content": "x"}}]}, done=False), 200, "stream_cut"),
+    (b"data: {not json\n\n", 200, "bad_stream"),
+])
+def test_failed_answers_are_counted_by_kind(body: bytes, status: int, kind: str) -> None:
+    r, _ = _run_one(body, status)
+    assert not r.ok and r.error == kind
