@@ -98,3 +98,19 @@ def test_bad_endpoint_map_is_one_line_naming_the_field(text: str, message: str) 
     with pytest.raises(EndpointsError) as err:
         parse_endpoints(text, "map.json")
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_serve_refuses_a_bad_endpoint_map_before_binding(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from oculis_cli.main import main
+
+    bad = tmp_path / "endpoints.json"
+    bad.write_text('{"llama-8b-vllm.demo.svc": {"ports": [70000]}}')
+    root = Path(__file__).resolve().parents[3]
+    code = main(["serve", "--config", str(root / "examples" / "oculis-config.yaml"), "--endpoints", str(bad),
+                 "--port", "0", "--metrics-port", "0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert "llama-8b-vllm.demo.svc.ports[0]=70000 is not a port" in err
+    assert main(["serve", "--config", str(root / "examples" / "oculis-config.yaml"), "--endpoints",
+                 str(tmp_path / "missing.json"), "--port", "0", "--metrics-port", "0"]) == 2
+    assert "cannot read it" in capsys.readouterr().err
