@@ -112,7 +112,7 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
                        "rate": round(n_esc / total_requests, 4) if total_requests else None,
                        "by_reason": {k: round(v) for k, v in sorted(escalated.items())},
                        "rule": "requests moved up a tier / all requests the route answered in the window"},
-        "monthly_scaling": f"est_monthly = window cost x {MONTH_DAYS} d / {window_seconds / 86400:.4g} d "
-                           f"= x {scale:.4g}",
+        "monthly_scaling": f"est_monthly = window cost x {MONTH_DAYS} d / "
+                           f"{_human(timedelta(seconds=window_seconds))} = x {scale:.4g}",
         "scale": round(scale, 10),
     }
