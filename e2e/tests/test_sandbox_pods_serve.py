@@ -153,3 +153,58 @@ def entry_ports(endpoints: Path, host: str) -> list[int]:
     ports: list[int] = json.loads(endpoints.read_text()).get(host, {}).get("ports", [])
     return ports
 
+
+
+ENGINE_POD_DEPLOYMENT = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: x-vllm}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app.kubernetes.io/name: vllm, oculis.dev/upstream: x}}
+  template:
+    metadata: {labels: {app.kubernetes.io/name: vllm, app.kubernetes.io/managed-by: oculis, oculis.dev/upstream: x}}
+    spec:
+      tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+      nodeSelector: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}
+      containers:
+        - name: vllm
+          image: vllm/vllm-openai:v0.20.0
+          args: [meta-llama/Llama-3.1-8B-Instruct, --host=0.0.0.0, --port=8000, --max-num-seqs=8]
+"""
+
+
+def test_cluster_down_stops_the_stand_in_its_simulators_and_prometheus(tmp_path: Path) -> None:
+    # A second cluster of its own (as test_cluster_cli does), so `down` touches nobody else's.
+    from test_cluster_cli import cluster, pick_ports, procs_under
+
+    state = tmp_path / "state"
+    ports = pick_ports()
+    env = {"OCULIS_E2E_STATE": str(state), **{f"OCULIS_E2E_{k}_PORT": str(v) for k, v in ports.items()},
+           "OCULIS_E2E_PROMETHEUS_PORT": str(free_port())}
+    try:
+        up = cluster("up", env=env)
+        assert up.returncode == 0, up.stderr
+        kubeconfig = up.stdout.strip().splitlines()[-1]
+        sp = cluster("serve-pods", env=env)
+        assert sp.returncode == 0, sp.stderr
+        files = json.loads(sp.stdout.strip().splitlines()[-1])
+        kubectl = Path(cluster("bin-dir", env=env).stdout.strip().splitlines()[-1]) / "kubectl"
+        subprocess.run([str(kubectl), "--kubeconfig", kubeconfig, "-n", "default", "apply", "-f", "-"],
+                       input=ENGINE_POD_DEPLOYMENT, text=True, check=True, capture_output=True)
+
+        def pods() -> list[dict[str, Any]]:
+            entry = json.loads(Path(files["endpoints"]).read_text()).get("x-vllm.default.svc", {})
+            found: list[dict[str, Any]] = entry.get("pods", [])
+            return found
+
+        sim = eventually(pods, what="the pod's simulator")[0]
+        extras = [int((state / "pids" / f"{n}.pid").read_text()) for n in ("podstandin", "prometheus")]
+        assert all(alive(p) for p in [*extras, sim["pid"]])
+        assert httpx.get(f"http://127.0.0.1:{sim['port']}/health").status_code == 200
+        down = cluster("down", env=env)
+        assert down.returncode == 0, down.stderr
+        eventually(lambda: not any(alive(p) for p in [*extras, sim["pid"]]) and not procs_under(state),
+                   timeout=30, what="the stand-in, its simulator and Prometheus gone")
+    finally:
+        cluster("down", env=env)
