@@ -28,9 +28,25 @@ def register(sub: Any) -> None:
     add_window_flags(p)
     p.add_argument("--group-by", default="route,tier", help="comma-separated: route, tier, upstream "
                    "(default route,tier)")
+    p.add_argument("--gpu", action="append", default=[], metavar="UPSTREAM=DOLLARS[xGPUS]",
+                   help="a self-hosted upstream's price per GPU-hour and its GPUs (default 1), e.g. llama-8b=2.50x2; "
+                   "overrides the GPUUpstream's pricing.gpuHourDollars (repeatable)")
     add_source_flags(p)
     out.add_output_flag(p)
     p.set_defaults(run=run)
+
+
+def parse_gpu(raw: str) -> tuple[str, cost_core.GPUCost]:
+    """`llama-8b=2.50x2` -> ("llama-8b", GPUCost(2.5, 2)); ValueError naming the fix."""
+    name, sep, rest = raw.partition("=")
+    dollars, _, gpus = rest.partition("x")
+    try:
+        value, count = float(dollars), int(gpus or "1")
+    except ValueError:
+        value, count = -1.0, 0
+    if not sep or not name or not (value >= 0 and value < float("inf")) or count < 1:
+        raise ValueError(f"{raw!r}: write UPSTREAM=DOLLARS_PER_GPU_HOUR[xGPUS], e.g. llama-8b=2.50x2")
+    return name, cost_core.GPUCost(value, count)
 
 
 def resolve_window(args: argparse.Namespace, command: str) -> tuple[datetime, datetime] | None:
@@ -49,6 +65,11 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     except ValueError as exc:
         print(f"oculis cost report: --group-by {exc}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        gpu_flags = dict(parse_gpu(g) for g in args.gpu)
+    except ValueError as exc:
+        print(f"oculis cost report: --gpu {exc}", file=sys.stderr)
+        return EXIT_USAGE
     w = resolve_window(args, "cost report")
     if w is None:
         return EXIT_USAGE
@@ -61,9 +82,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         print(f"oculis cost report: {exc}", file=sys.stderr)
         return exc.code
     hours = (t1 - t0).total_seconds() / 3600
-    cells = cost_core.cells(c, catalog.pricing, catalog.gpu, hours)
+    gpu = catalog.gpu | gpu_flags
+    cells = cost_core.cells(c, catalog.pricing, gpu, hours)
     rep = cost_core.report(cells, group_by, cost_core.unattributed_dollars(c, cells),
-                           route_window_core.describe_window(t0, t1), bool(catalog.gpu))
+                           route_window_core.describe_window(t0, t1), bool(gpu))
     rep["prices_from"] = catalog.source
     if out.dump(rep, args.output, stdout):
         return 0

@@ -152,6 +152,13 @@ def test_cost_report_agrees_with_the_cost_metric(world: World, capsys: pytest.Ca
     if gpt:  # cached prompt tokens priced as the saving they are
         assert gpt[0]["cache_saving_dollars"] == pytest.approx(gpt[0]["cached_tokens"] * (2.5 - 1.25) / 1e6)
     assert "estimates" in rep["note"]
+    code, rep = _json(capsys, ["cost", "report", "--since", "15m", "--group-by", "upstream", "--gpu", "llama-8b=2.5x2",
+                               "--config", str(world.config), "--prometheus-url", world.prom, "-o", "json"])
+    rows = {r["upstream"]: r for r in rep["rows"]}
+    assert rows["llama-8b"]["gpu_dollars"] == pytest.approx(2.5 * 2 * 0.25)  # 2 GPUs for the whole 15 min
+    assert rows["llama-70b"]["gpu_dollars"] == 0 and rep["basis"]["gpu_dollars"].startswith("allocation")
+    assert main(["cost", "report", "--gpu", "llama-8b=lots", "--config", str(world.config)]) == 2
+    assert "UPSTREAM=DOLLARS_PER_GPU_HOUR" in capsys.readouterr().err
     code, out = _json(capsys, ["cost", "report", "--since", "15m", "--config", str(world.config),
                                "--prometheus-url", world.prom, "-o", "csv"])
     assert code == 0 and out.splitlines()[0].startswith("route,tier,requests")
