@@ -36,6 +36,8 @@ def register(sub: Any) -> None:
     fit.add_argument("--out", required=True, type=Path, help="head file to write (.npz)")
     fit.add_argument("--base", default="default",
                      help="head to start from: `default` (the packaged one) or a head file")
+    fit.add_argument("--penalty", type=float, default=None,
+                     help="L2 on the per-piece corrections (default: the one chosen on the shared split)")
     fit.add_argument("--boot", type=int, default=300, help="bootstrap resamples for the intervals (default 300)")
     fit.add_argument("--no-cv", action="store_true", help="skip the cross-validated report (fit only)")
     fit.set_defaults(run=run_fit)
@@ -92,6 +94,8 @@ def run_fit(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         else:
             base = classify.load_head_file(Path(args.base))
         weak, strong = np.array(weak_l), np.array(strong_l)
+        if args.penalty is not None and not args.penalty > 0:
+            raise FitInputError(f"--penalty {args.penalty}: must be a positive number, e.g. 3e-5")
         if len(payloads) < hf.MIN_ROWS:
             raise FitInputError(f"--suite {args.suite}: {len(payloads)} labelled prompts; a fit needs at least "
                                 f"{hf.MIN_ROWS} (a few hundred to see a gain)")
@@ -104,7 +108,8 @@ def run_fit(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     t0 = time.perf_counter()
     suite = hf.Suite([classify.payload_pieces(p) for p in payloads], weak, strong,
                      None if groups is None else np.array(groups))
-    head, final = hf.fit_head(base, suite)
+    penalty = hf.PENALTY if args.penalty is None else args.penalty
+    head, final = hf.fit_head(base, suite, penalty)
     hf.save_head(head, args.out)
     took = time.perf_counter() - t0
     size = args.out.stat().st_size
@@ -112,21 +117,20 @@ def run_fit(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
           f"penalty {final.penalty:g}) in {took:.1f} s; wrote {args.out} ({size // 1024} KiB, "
           f"sha256 {hf.head_digest(args.out)})", file=out)
     if not args.no_cv:
-        report(hf, base, suite, args.boot, out)
+        report(hf, base, suite, penalty, args.boot, out)
     print(f"use it in a route: classifier: {{head_path: {args.out}}}", file=out)
     return 0
 
 
-def report(hf: Any, base: Any, suite: Any, boot: int, out: TextIO) -> None:
+def report(hf: Any, base: Any, suite: Any, penalty: float, boot: int, out: TextIO) -> None:
     z = hf.design(base, suite.pieces)
     w, s = suite.weak.astype(float), suite.strong.astype(float)
-    print("cross-validated APGR on this suite (5 folds, penalty chosen inside each training part; "
-          "random routing 0.5; 95% bootstrap CI):", file=out)
+    print("cross-validated APGR on this suite (5 folds; random routing 0.5; 95% bootstrap CI):", file=out)
     kinds = [("random folds (this suite's topics)", False)]
     if suite.groups is not None:
         kinds.append((f"grouped folds ({len(set(suite.groups))} groups; new topics)", True))
     for label, grouped in kinds:
-        scores = hf.cross_validate(z, suite, grouped)
+        scores = hf.cross_validate(z, suite, grouped, penalty)
         ci = hf.bootstrap(scores, w, s, boot)
         print(f"  {label}", file=out)
         for name, sc in scores.items():
