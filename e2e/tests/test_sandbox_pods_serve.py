@@ -107,10 +107,24 @@ def test_engine_pods_serve_simulated_tokens_and_a_rollout_changes_what_prometheu
         assert answer["system_fingerprint"] == "oculis-simulator"  # simulated, and says so
         assert len(words) == answer["usage"]["completion_tokens"] > 0
 
+        # Streamed token by token: the words that arrive are the tokens usage counts.
+        deltas, usage = [], None
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=30, json={
+                "model": "chat", "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": "stream please"}]}) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    usage = chunk.get("usage") or usage
+                    deltas += [c["delta"].get("content") or "" for c in chunk.get("choices", [])]
+        assert usage and len("".join(deltas).split()) == usage["completion_tokens"] == 8
+        assert len([d for d in deltas if d]) > 1  # more than one chunk: a stream, not one blob
+
         pod1 = first[0]["pod"]
         sel = f'namespace="{ns}",pod="{pod1}",upstream="llm"'
         eventually(lambda: promql(prom, f"vllm:generation_tokens_total{{{sel}}} >= "
-                                        f"{answer['usage']['completion_tokens']}"),
+                                        f"{answer['usage']['completion_tokens'] + 8}"),
                    what="Prometheus scrapes the pod's generated tokens")
         old_cfg = eventually(lambda: promql(prom, f"vllm:cache_config_info{{{sel}}}"), what="pod 1 config")
         assert old_cfg[0]["metric"]["gpu_memory_utilization"] == "0.9"
