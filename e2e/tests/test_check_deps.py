@@ -73,6 +73,16 @@ def test_check_deps_reports_every_prerequisite_of_a_namespace(kubeconfig: Path, 
     assert st["Prometheus reachable"] == "FAIL" and st["benchmark baseline"] == "WARN"
     assert code == 1 and not rep["ok"], err  # the explicit --prometheus-url is down: a required check
 
+    # The measurement commands read the same routes from the cluster (rendered as the operator does).
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text("".join(json.dumps({"prompt": p, "outcomes": {"llama": ok, "gpt": True}}) + "\n"
+                             for p, ok in (("hi", True), ("hello", False), ("thanks", True))))
+    ev = subprocess.run([sys.executable, "-m", "oculis_cli.main", "eval", "run", "--route", "adaptive", "--suite",
+                         str(suite), "--kubeconfig", str(kubeconfig), "-n", namespace, "-o", "json"],
+                        capture_output=True, text=True, timeout=60)
+    assert ev.returncode in (0, 3, 4), ev.stderr
+    assert json.loads(ev.stdout)["baseline"] == {"tier": "complex", "upstream": "gpt"}
+
     # A user that may not patch: the permission lines fail, each with the grant that fixes it.
     core = client.CoreV1Api(api)
     core.create_namespaced_service_account(namespace, client.V1ServiceAccount(

@@ -67,3 +67,15 @@ def test_group_by_refuses_what_the_metrics_cannot_split(raw: str, says: str) -> 
     with pytest.raises(ValueError, match=says):
         parse_group_by(raw)
     assert parse_group_by("route, tier,route") == ["route", "tier"]
+
+
+def test_gpu_hours_come_from_self_hosted_gpuupstreams_that_price_them() -> None:
+    from oculis_cli.cost_sources import gpu_costs
+
+    def gu(name: str, **spec: object) -> dict[str, object]:
+        return {"metadata": {"name": name}, "spec": spec}
+
+    got = gpu_costs([gu("a", provider="vllm", replicas=3, gpu={"count": 2}, pricing={"gpuHourDollars": 2.5}),
+                     gu("b", provider="vllm", gpu={"count": 1}, pricing={"inputPerMtok": 1}),
+                     gu("c", provider="openai", pricing={"gpuHourDollars": 9})])
+    assert got == {"a": GPUCost(2.5, 6)}
