@@ -185,8 +185,9 @@ def baseline_line(path: str | None) -> core.Check:
         return core.baseline_check(None, None)
     try:
         data = json.loads(Path(path).read_text())
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
+        # `oculis bench run --save` writes current + workload; `vllm bench serve --save-result` its throughputs.
+        if not isinstance(data, dict) or not ({"current", "workload"} <= set(data) or "request_throughput" in data):
+            raise ValueError("not an `oculis bench run --save` or `vllm bench serve --save-result` file")
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         return core.baseline_check(path, " ".join(str(exc).split())[:200])
     return core.baseline_check(path, None)

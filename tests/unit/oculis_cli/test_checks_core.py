@@ -95,3 +95,17 @@ def test_what_this_kubeconfig_may_not_read_is_a_warning_not_a_failure() -> None:
     line = c.unreadable("cluster", "CRD x", "customresourcedefinitions/x", Forbidden())
     assert line.status == c.WARN and not line.required and "forbidden" in line.detail
     assert not c.failed([line])
+
+
+def test_a_baseline_must_be_a_saved_benchmark(tmp_path: Any) -> None:
+    from oculis_cli.checks import baseline_line
+
+    good = tmp_path / "b.json"
+    good.write_text(json.dumps({"current": {}, "workload": "f"}))
+    vllm = tmp_path / "v.json"
+    vllm.write_text(json.dumps({"request_throughput": 3.2}))
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps({"hello": 1}))
+    assert baseline_line(str(good)).status == c.PASS and baseline_line(str(vllm)).status == c.PASS
+    assert baseline_line(str(other)).status == c.FAIL and "bench run --save" in baseline_line(str(other)).detail
+    assert baseline_line(str(tmp_path / "missing.json")).status == c.FAIL
