@@ -341,7 +341,7 @@ def is_up(ports: Ports) -> bool:
     if any(running_pid(n) is None for n in COMPONENTS) or not KUBECONFIG.exists():
         return False
     try:
-        return api_get(ports, "/readyz") == "ok"
+        return bool(api_get(ports, "/readyz") == "ok")
     except Exception:
         return False
 
@@ -433,7 +433,7 @@ def _start_components(bin_dir: Path, ports: Ports, pools: list[dict[str, Any]]) 
         items = api_get(ports, "/api/v1/nodes")["items"]
         ready = [n for n in items if any(c["type"] == "Ready" and c["status"] == "True"
                                          for c in n.get("status", {}).get("conditions", []))]
-        return len(ready) >= want
+        return bool(len(ready) >= want)
 
     wait_for("GPU nodes", nodes_ready, 60, "kwok")
 
