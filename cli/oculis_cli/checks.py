@@ -15,6 +15,7 @@ from oculis_cli import checks_core as core
 from oculis_cli import checks_output as out
 
 DEFAULT_PROMETHEUS = "http://127.0.0.1:9090"
+COLOURS = {core.PASS: "green", core.WARN: "yellow", core.FAIL: "bold red", core.SKIP: "dim"}
 OPERATOR_SELECTOR = "app.kubernetes.io/name=oculis,app.kubernetes.io/component=operator"
 WEBHOOK_CONFIG = "oculis.dev"
 # What a rolling restart patches: the engine Deployments the operator renders, and the GPUUpstreams.
@@ -217,7 +218,8 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None, python: bool = T
         out.write_csv([c.as_dict() for c in checks], stdout)
         return 1 if core.failed(checks) else 0
     out.table(None, ["status", "section", "check", "detail", "fix"],
-              [[c.status, c.section, c.name, c.detail, c.fix] for c in checks], stdout)
+              [[f"[{COLOURS.get(c.status, '')}]{c.status}[/]", c.section, c.name, c.detail, c.fix] for c in checks],
+              stdout)
     d = rep.as_dict()["counts"]
     out.line(f"{d['PASS']} pass, {d['WARN']} warn, {d['FAIL']} fail, {d['SKIP']} skipped", stdout)
     return 1 if core.failed(checks) else 0
