@@ -147,6 +147,18 @@ class Classifier(Model):
     max_entries: int = Field(100_000, ge=0, description="Bound on memoised scores")
 
 
+class AnswerCheck(Model):
+    """Escalation on the answer: a self-hosted tier (vllm, openai-compatible) is asked for token
+    log-probabilities, and an answer less sure than the bar is replaced by the next tier's."""
+
+    min_mean_logprob: float = Field(le=0)
+    """Mean token log-probability an answer must reach, e.g. -1.0 (about 37% per token); below it the next
+    tier answers (the first answer's tokens are still counted and billed)"""
+    buffer_streams: bool = False
+    """Check streamed requests too: the stream is buffered, checked, then sent (the client sees no token
+    until the answer is final); false: streams are relayed as they come, unchecked"""
+
+
 class Escalation(Model):
     """When a request moves to the next tier."""
 
@@ -158,6 +170,8 @@ class Escalation(Model):
     """Confidence below this counts as low"""
     on_upstream_error: bool = True
     """Try the next tier after an upstream failed its retries"""
+    on_answer: AnswerCheck | None = None
+    """Escalate on the answer's own confidence (token log-probabilities); unset: not checked"""
     max_retries: int = Field(2, ge=0, le=10)
     """Retries on one upstream (connection errors, timeouts, 429, 5xx) before escalating; 0: one attempt.
     A 429/503 whose Retry-After is over 2 s, a refused router credential (401/403), a context-length

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HTTPRoute
 
 from oculis import RouterConfig, Timeouts, Upstream
+from oculis_router import answer_check as answers
 from oculis_router import cache as rcache
 from oculis_router.errors import APIError, bad_request
 from oculis_router.inbound import HeaderLimit, check_body, check_client_key, disconnected, read_body, tenant_of
@@ -173,6 +174,9 @@ class Router:
                                                  media_type="text/event-stream")
                     return JSONResponse(hit, headers=hdrs)
             if body.get("stream"):
+                check = plan.route.route.escalation.on_answer if plan.route else None
+                if check is not None and check.buffer_streams and plan.route and plan.route.route.escalation.enabled:
+                    return await _held(hold, self._buffered(body, plan, endpoint, key, route_label, hold))
                 return await _held(hold, self._stream(body, plan, endpoint, key, route_label, hold))
             return await self._unless_client_leaves(request, _held(hold, self._complete(body, plan, endpoint, key,
                                                                                         route_label, hold)),
@@ -263,23 +267,62 @@ class Router:
 
     async def _complete(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
                         route_label: str, hold: Hold | None = None) -> Response:
+        route = plan.route.route if plan.route else None
+        doubted: tuple[JSONResponse, float, int] | None = None  # (answer, its logprob, tier) below on_answer's bar
         for i, up in enumerate(plan.tiers):
             t0 = time.perf_counter()
+            check = answers.check_for(route, up, i, len(plan.tiers))
             try:
                 seen: dict[str, str] = {}  # the upstream's request id and rate-limit headers, for the client
-                data = await self.caller.complete(up, endpoint, body, self._attempt(plan, i), headers_out=seen)
+                sent = answers.with_logprobs(body, endpoint) if check else body
+                data = await self.caller.complete(up, endpoint, sent, self._attempt(plan, i), headers_out=seen)
             except UpstreamRejected as rej:
                 return self._rejected(rej, plan, i, key, route_label)
             except UpstreamFailed as exc:
-                self._failed(exc, plan, i, route_label)
+                try:
+                    self._failed(exc, plan, i, route_label)
+                except APIError:
+                    if doubted is None:
+                        raise
+                    return self._doubted(doubted, plan, route_label)  # beats none: no later tier answered
                 continue
             self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
-            account(self.metrics, up, data.get("usage"), hold)
+            account(self.metrics, up, data.get("usage"), hold)  # counted (and billed) even if replaced below
+            conf = answers.mean_logprob(data, endpoint) if check else None
+            if check and not answers.client_wants_logprobs(body):
+                data = answers.without_logprobs(data)
+            hdrs = {**seen, **self.headers(plan, i, _cache_state(key))}
+            if doubted is not None:
+                hdrs.update({"x-oculis-escalation-reason": "answer", "x-oculis-answer-logprob": f"{doubted[1]:.4f}"})
+            elif conf is not None:
+                hdrs["x-oculis-answer-logprob"] = f"{conf:.4f}"
+            if check and conf is not None and conf < check.min_mean_logprob:
+                self.metrics.escalations.labels(route_label, "low_answer_confidence").inc()
+                doubted = (JSONResponse(data, headers=hdrs), conf, i)
+                continue
             self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "ok").inc()
             if key is not None and plan.route and plan.route.store and i == 0 and rcache.storable(endpoint, data):
                 await plan.route.store.set(key, data)
-            return JSONResponse(data, headers={**seen, **self.headers(plan, i, _cache_state(key))})
+            return JSONResponse(data, headers=hdrs)
+        if doubted is not None:
+            return self._doubted(doubted, plan, route_label)
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
+
+    def _doubted(self, doubted: tuple[JSONResponse, float, int], plan: Plan, route_label: str) -> JSONResponse:
+        i = doubted[2]
+        self.metrics.requests.labels(route_label, plan.tier_names[i], plan.tiers[i].name, "ok").inc()
+        return doubted[0]
+
+    async def _buffered(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
+                        route_label: str, hold: Hold | None = None) -> Response:
+        """A stream on a route with escalation.on_answer.buffer_streams: answered whole (checked like a
+        non-streamed request), then sent as the stream the client asked for."""
+        resp = await self._complete(answers.unbuffered(body), plan, endpoint, key, route_label, hold)
+        if resp.status_code != 200 or not isinstance(resp, JSONResponse):
+            return resp
+        events = rcache.sse_from_response(json.loads(bytes(resp.body)), endpoint, rcache.stream_wants_usage(body))
+        hdrs = {k: v for k, v in resp.headers.items() if k not in ("content-length", "content-type")}
+        return StreamingResponse(_iter(events), headers={**hdrs, **SSE_HEADERS}, media_type="text/event-stream")
 
     async def _stream(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
                       route_label: str, hold: Hold | None = None) -> Response:

@@ -56,6 +56,7 @@ class Script:
     echo_question: bool = False  # reply "answer to <last user message or prompt> (<calls so far>)"
     call_tools: bool = False  # a request with `tools` is answered with a call of the first one
     give_logprobs: bool = False  # a request with `logprobs` gets one logprob per reply word
+    logprob: float = -0.5  # ... of this value (the answer-escalation tests: how sure the model was)
     # Upstream behaviours for the timeout and retry tests:
     fail_headers: dict[str, str] = field(default_factory=dict)  # sent with the failures (e.g. Retry-After)
     fail_body: dict[str, Any] | None = None  # the failures' body (default: {"error": {"message": "overloaded"}})
@@ -86,8 +87,8 @@ def answer_parts(script: Script, name: str, body: dict[str, Any]) -> tuple[str, 
     return reply, call, bool(script.give_logprobs and body.get("logprobs"))
 
 
-def word_logprobs(words: list[str]) -> list[dict[str, Any]]:
-    return [{"token": w, "logprob": -0.5, "bytes": list(w.encode()), "top_logprobs": []} for w in words]
+def word_logprobs(words: list[str], value: float = -0.5) -> list[dict[str, Any]]:
+    return [{"token": w, "logprob": value, "bytes": list(w.encode()), "top_logprobs": []} for w in words]
 
 
 def openai_app(name: str, script: Script) -> Starlette:
@@ -126,7 +127,7 @@ def openai_app(name: str, script: Script) -> Starlette:
                         "choices": [{"index": 0, "delta": {"content": piece + " "}, "finish_reason": None}],
                     }
                     if with_logprobs:
-                        chunk["choices"][0]["logprobs"] = {"content": word_logprobs([piece + " "])}
+                        chunk["choices"][0]["logprobs"] = {"content": word_logprobs([piece + " "], script.logprob)}
                     try:
                         yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
                         await asyncio.sleep(script.stream_delay)
@@ -175,7 +176,8 @@ def openai_app(name: str, script: Script) -> Starlette:
                         if call
                         else {"role": "assistant", "content": reply},
                         "finish_reason": "tool_calls" if call else "stop",
-                        **({"logprobs": {"content": word_logprobs(reply.split(" "))}} if with_logprobs else {}),
+                        **({"logprobs": {"content": word_logprobs(reply.split(" "), script.logprob)}}
+                           if with_logprobs else {}),
                     }
                 ],
             }
@@ -190,8 +192,10 @@ def openai_app(name: str, script: Script) -> Starlette:
         usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
 
         def logprobs(words: list[str]) -> dict[str, Any] | None:
-            return {"tokens": words, "token_logprobs": [-0.5] * len(words), "top_logprobs": [None] * len(words),
-                    "text_offset": list(range(len(words)))} if with_logprobs else None
+            if not with_logprobs:
+                return None
+            return {"tokens": words, "token_logprobs": [script.logprob] * len(words),
+                    "top_logprobs": [None] * len(words), "text_offset": list(range(len(words)))}
 
         if body.get("stream"):  # text_completion chunks, as vLLM and OpenAI stream them
 

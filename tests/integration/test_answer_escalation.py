@@ -1,0 +1,95 @@
+"""Escalation on the answer (`escalation.on_answer`): fake self-hosted upstreams return token
+logprobs; an answer less sure than the bar is replaced by the next tier's, counted and said so."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+from e2e_support import eventually
+from prometheus_client import generate_latest
+from router_support import Fakes, RouterHandle
+
+
+def use(router: RouterHandle, fakes: Fakes, **on_answer: Any) -> None:
+    # "hi" scores simple: the 8B tier answers first, then the 70B one, then gpt-4o (hosted: never asked).
+    cfg = fakes.config(escalation={"enabled": True, "on_low_confidence": False, "on_answer": on_answer},
+                       cache={"enabled": False})
+    router.write(cfg)
+    eventually(lambda: router.app.state.holder.current.routes["adaptive"].route.escalation.on_answer is not None,
+               timeout=10, what="the on_answer config applied")
+
+
+def ask(router: RouterHandle, **body: Any) -> httpx.Response:
+    return httpx.post(router.server.url + "/v1/chat/completions", timeout=30, json={
+        "model": "adaptive", "messages": [{"role": "user", "content": "hi"}], **body})
+
+
+def metric(router: RouterHandle, needle: str) -> bool:
+    return needle in generate_latest(router.app.state.metrics.registry).decode()
+
+
+def test_an_unsure_answer_is_replaced_by_the_next_tiers_and_both_are_counted(router: RouterHandle,
+                                                                             fakes: Fakes) -> None:
+    use(router, fakes, min_mean_logprob=-1.0)
+    for s in ("small", "large"):
+        fakes.scripts[s].give_logprobs = True
+    fakes.scripts["small"].logprob = -2.5  # unsure
+    fakes.scripts["large"].logprob = -0.2
+    r = ask(router)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "hello from large"
+    assert (r.headers["x-oculis-tier"], r.headers["x-oculis-escalated"]) == ("standard", "true")
+    assert r.headers["x-oculis-escalation-reason"] == "answer"
+    assert float(r.headers["x-oculis-answer-logprob"]) == -2.5  # the replaced answer's, why it moved
+    assert fakes.scripts["small"].received[-1]["logprobs"] is True  # the router asked for them
+    assert r.json()["choices"][0].get("logprobs") is None  # ... and the client, who did not, gets none
+    assert metric(router, 'oculis_escalations_total{reason="low_answer_confidence",route="adaptive"} 1.0')
+    # The first answer's tokens were paid for: both upstreams' usage is counted.
+    assert metric(router, 'oculis_completion_tokens_total{upstream="llama-8b"} 3.0')
+    assert metric(router, 'oculis_completion_tokens_total{upstream="llama-70b"} 3.0')
+
+
+def test_a_sure_answer_stays_and_says_how_sure(router: RouterHandle, fakes: Fakes) -> None:
+    use(router, fakes, min_mean_logprob=-1.0)
+    fakes.scripts["small"].give_logprobs = True
+    r = ask(router, logprobs=True)  # the client wants them too: kept
+    assert r.json()["choices"][0]["message"]["content"] == "hello from small"
+    assert r.headers["x-oculis-escalated"] == "false" and float(r.headers["x-oculis-answer-logprob"]) == -0.5
+    assert r.json()["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.5
+    assert not fakes.scripts["large"].received
+
+
+def test_an_unsure_answer_is_kept_when_no_later_tier_can_answer(router: RouterHandle, fakes: Fakes) -> None:
+    use(router, fakes, min_mean_logprob=-1.0)
+    fakes.scripts["small"].give_logprobs = True
+    fakes.scripts["small"].logprob = -3.0
+    fakes.scripts["large"].fail_times = fakes.scripts["frontier"].fail_times = 100
+    r = ask(router)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hello from small"
+    assert r.headers["x-oculis-tier"] == "simple"
+
+
+def test_streams_are_checked_only_when_the_route_buffers_them(router: RouterHandle, fakes: Fakes) -> None:
+    fakes.scripts["small"].give_logprobs = True
+    fakes.scripts["small"].logprob = -3.0
+    use(router, fakes, min_mean_logprob=-1.0)
+    with httpx.stream("POST", router.server.url + "/v1/chat/completions", timeout=30, json={
+            "model": "adaptive", "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as r:
+        text = "".join(r.iter_text())
+    assert r.headers["x-oculis-tier"] == "simple" and "from" in text  # relayed as it came, unchecked
+    use(router, fakes, min_mean_logprob=-1.0, buffer_streams=True)
+    fakes.scripts["large"].give_logprobs = True
+    with httpx.stream("POST", router.server.url + "/v1/chat/completions", timeout=30, json={
+            "model": "adaptive", "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "hi"}]}) as r:
+        events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert (r.headers["x-oculis-tier"], r.headers["x-oculis-escalation-reason"]) == ("standard", "answer")
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert content == "hello from large"
+    assert any(c.get("usage") for c in chunks)
+    assert "stream" not in fakes.scripts["large"].received[-1]  # asked whole, sent as a stream
