@@ -4,6 +4,7 @@ prompt caching pays for the observed traffic (cache_advise_core decides)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any, TextIO
 
@@ -80,6 +81,15 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         return EXIT_USAGE
     reports = []
     for name in names:
+        up = next(u for u in catalog.config.upstreams if u.name == name)
+        if up.provider == "vllm" and given is None:
+            try:
+                with open_prometheus(args) as prom:
+                    reports.append(_self_hosted(prom, name, up.model, t0.timestamp(), t1.timestamp()))
+            except SourceError as exc:
+                print(f"oculis cache advise: {exc}", file=sys.stderr)
+                return exc.code
+            continue
         try:
             reports.append(_one(catalog, name, given, c))
         except ValueError as exc:
@@ -88,6 +98,22 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     from oculis_cli.route_window_core import describe_window
 
     return emit({"window": describe_window(t0, t1), "upstreams": reports}, args.output, stdout)
+
+
+def _self_hosted(prom: Any, name: str, model: str | None, start: float, end: float) -> dict[str, Any]:
+    """The engines' prefix-cache token counters for this upstream: vLLM labels them with the served
+    model name (the upstream's name in a cluster, its `model` in a standalone config)."""
+    from oculis_cli.prom import PromError
+
+    def of(metric: str) -> str:  # exact label matches (a PromQL string is JSON-quoted text, not a regex)
+        return " or ".join(f"{metric}{{model_name={json.dumps(n)}}}" for n in sorted({name, model or name}))
+
+    try:
+        hits = prom.delta(of("vllm:prefix_cache_hits_total"), start, end)
+        queries = prom.delta(of("vllm:prefix_cache_queries_total"), start, end)
+    except PromError as exc:
+        raise SourceError(str(exc), 5) from None
+    return core.advise_self_hosted(name, hits, queries)
 
 
 def _one(catalog: Catalog, name: str, given: core.Multipliers | None, c: Any) -> dict[str, Any]:
@@ -108,10 +134,11 @@ def emit(rep: dict[str, Any], fmt: str, stdout: TextIO) -> int:
         return 0
     if rep["window"]:
         out.line(f"window {rep['window']}", stdout)
-    cols = ["upstream", "w", "r", "break-even h >", "min hits", "cache-read share", "hits/write", "verdict"]
+    cols = ["upstream", "w", "r", "break-even h >", "min hits", "cached-token share", "hits/write", "verdict"]
     rows = [[u["upstream"], f"{u['write_multiplier']:g}", f"{u['read_multiplier']:g}",
              "-" if u["break_even_hits"] is None else f"{u['break_even_hits']:.3f}", u["min_hits"],
-             out.pct(u.get("cache_read_token_share")), u.get("hits_per_write"), u["verdict"]] for u in ups]
+             out.pct(u.get("cache_read_token_share", u.get("prefix_hit_token_share"))), u.get("hits_per_write"),
+             u["verdict"]] for u in ups]
     out.table(None, cols, rows, stdout, right=cols[1:7])
     for u in ups:
         out.line(f"{u['upstream']}: {u['reason']} (w, r from {u['multipliers_from']})", stdout)

@@ -111,3 +111,31 @@ def advise(upstream: str, m: Multipliers, obs: Observed | None, input_per_mtok: 
 
 def _h(h: float) -> str:
     return "inf" if math.isinf(h) else f"{h:.3f}"
+
+
+def advise_self_hosted(upstream: str, hit_tokens: float | None, query_tokens: float | None) -> dict[str, Any]:
+    """A vLLM upstream: its prefix cache costs no price premium (w 1) and a hit's prefill is nearly
+    free (r about 0), so any reuse pays; what matters is the hit-token share the engines report
+    (vllm:prefix_cache_hits / vllm:prefix_cache_queries, in tokens)."""
+    be = break_even_hits(1.0, 0.0)
+    out: dict[str, Any] = {
+        "upstream": upstream, "write_multiplier": 1.0, "read_multiplier": 0.0,
+        "multipliers_from": "self-hosted vLLM prefix cache (no price premium; a hit skips its prefill)",
+        "break_even_hits": be, "min_hits": min_hits(be),
+        "rule": "caching pays when hits per write h > (w - 1) / (1 - r)",
+    }
+    if not query_tokens or hit_tokens is None:
+        out.update(prefix_hit_token_share=None, verdict="no-traffic",
+                   reason="no vllm:prefix_cache_queries counted for this upstream's engines in the window (are "
+                          "the engines scraped, with prefix caching on?)")
+        return out
+    share = hit_tokens / query_tokens
+    out.update(prefix_hit_token_share=round(share, 4), prefix_hit_tokens=int(hit_tokens),
+               prefix_query_tokens=int(query_tokens))
+    if share > 0:
+        out.update(verdict="pays", reason=f"{share:.1%} of prompt tokens were prefix-cache hits: keep prefix "
+                   "caching on, and keep shared prefixes (system prompt, tools) first and byte-identical")
+    else:
+        out.update(verdict="no-reuse", reason="no prompt token hit the prefix cache: the prompts share no prefix "
+                   "(put the stable part first), or prefix caching is off")
+    return out

@@ -74,3 +74,11 @@ def test_cli_bad_multiplier_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["cache", "advise", "--no-traffic", "--write-multiplier", "-1", "--read-multiplier", "0.1"]) == 2
     err = capsys.readouterr().err
     assert "--write-multiplier -1 is negative" in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_self_hosted_prefix_cache_pays_on_any_reuse_and_reports_the_hit_token_share() -> None:
+    out = core.advise_self_hosted("llama", 750, 1000)
+    assert (out["break_even_hits"], out["min_hits"]) == (0.0, 1)
+    assert out["prefix_hit_token_share"] == 0.75 and out["verdict"] == "pays"
+    assert core.advise_self_hosted("llama", 0, 1000)["verdict"] == "no-reuse"
+    assert core.advise_self_hosted("llama", None, None)["verdict"] == "no-traffic"
