@@ -178,7 +178,7 @@ def prometheus_lines(args: argparse.Namespace, self_hosted: int) -> list[core.Ch
             return core.prometheus_checks(url if explicit else None, str(exc) if explicit else None, 0, 0, self_hosted)
         routers = prom.scalar('count({__name__=~"oculis_.+"})') or 0
         engines = prom.scalar('count({__name__=~"vllm:.+"})') or 0
-    return core.prometheus_checks(prom.url, None, int(routers), int(engines), self_hosted)
+    return core.prometheus_checks(prom.url, None, int(routers), int(engines), self_hosted, required=explicit)
 
 
 def baseline_line(path: str | None) -> core.Check:

@@ -104,9 +104,13 @@ def webhook_check(config: dict[str, Any] | None) -> Check:
 
 
 def prometheus_checks(url: str | None, error: str | None, router_series: int, engine_series: int,
-                      self_hosted: int) -> list[Check]:
+                      self_hosted: int, required: bool = True) -> list[Check]:
     """Prometheus reachable, and scraping the routers (oculis_*) and, when any upstream is self-hosted,
-    the engines (vllm:*)."""
+    the engines (vllm:*). `required=False` (a Prometheus found on the default address, not named by
+    the user): what it lacks is a WARN, since it may be some other Prometheus."""
+    if not required:
+        return [Check(x.section, x.name, WARN if x.status == FAIL else x.status, x.detail, x.fix, required=False)
+                for x in prometheus_checks(url, error, router_series, engine_series, self_hosted)]
     if url is None:
         return [Check("metrics", "Prometheus reachable", WARN, "no --prometheus-url and none found",
                       "pass --prometheus-url or set OCULIS_PROMETHEUS_URL", required=False)]

@@ -60,6 +60,8 @@ def test_prometheus_must_scrape_routers_and_engines_of_self_hosted_upstreams() -
     assert [x.status for x in c.prometheus_checks("u", None, 5, 0, 0)] == [c.PASS, c.PASS]
     assert [x.status for x in c.prometheus_checks("u", None, 5, 0, 2)] == [c.PASS, c.PASS, c.FAIL]
     assert [x.status for x in c.prometheus_checks("u", None, 0, 3, 2)] == [c.PASS, c.FAIL, c.PASS]
+    found = c.prometheus_checks("u", None, 0, 0, 2, required=False)  # on the default address, not asked for
+    assert [x.status for x in found] == [c.PASS, c.WARN, c.WARN] and not c.failed(found)
 
 
 def test_pricing_baseline_speculation_and_permissions() -> None:
