@@ -156,11 +156,14 @@ class RedisStore:
     TIMEOUT_S = 0.25
     WARN_EVERY_S = 10.0
 
-    def __init__(self, url: str, ttl_seconds: int) -> None:
+    def __init__(self, url: str, ttl_seconds: int, client: Any = None) -> None:
+        """`client`: a redis.asyncio client shared with other stores (their owner closes it); without
+        one the store makes and closes its own."""
         import redis.asyncio as redis
 
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError, TimeoutError)
-        self._redis = redis.from_url(url, socket_timeout=self.TIMEOUT_S, socket_connect_timeout=self.TIMEOUT_S)
+        self._owned = client is None
+        self._redis = client if client is not None else new_redis_client(url)
         self._ttl = ttl_seconds
         self._warned_at = -self.WARN_EVERY_S
 
@@ -185,7 +188,14 @@ class RedisStore:
             self._unavailable(exc)
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        if self._owned:
+            await self._redis.aclose()
+
+
+def new_redis_client(url: str) -> Any:
+    import redis.asyncio as redis
+
+    return redis.from_url(url, socket_timeout=RedisStore.TIMEOUT_S, socket_connect_timeout=RedisStore.TIMEOUT_S)
 
 
 def sse_from_response(resp: dict[str, Any], endpoint: str = "chat", include_usage: bool = True) -> list[bytes]:

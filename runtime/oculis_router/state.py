@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from oculis import ConfigError, Route, RouterConfig, Upstream, parse_config
-from oculis_router.cache import MemoryStore, RedisStore, Store
+from oculis_router.cache import MemoryStore, RedisStore, Store, new_redis_client
 from oculis_router.decide import RouteScorer, head_file
 from oculis_router.limits import limited_anywhere
 from oculis_router.limits_store import Limiter, build_limiter
@@ -63,6 +63,10 @@ class ConfigHolder:
         self._scorers: dict[str, RouteScorer] = {}
         self._heads: dict[Path, tuple[int, int] | None] = {}  # head files of the config in force, by stamp
         self._stores: dict[str, Store] = {}
+        # One Redis client (one connection pool) per URL for all the cache stores: a reload that changes
+        # a route's cache makes a new store, and a pool per store kept the dropped stores' connections
+        # open until they were retired (RETIRE_AFTER_S), one pool more per reload (found by bench/soak.py).
+        self._redis_clients: dict[str, Any] = {}
         self._retired: list[tuple[float, Store | Limiter]] = []  # (when dropped, store) by a reload, closed later
         self._limiter: tuple[str, Limiter] | None = None  # kept across reloads with its backend: counts survive
         self._rejected: str | None = None  # digest of the last file refused, so it is logged once
@@ -163,11 +167,13 @@ class ConfigHolder:
         limiter.on_backend_error = s.limiter.on_backend_error
         return limiter
 
-    @staticmethod
-    def _new_store(config: RouterConfig, route: Route) -> Store:
+    def _new_store(self, config: RouterConfig, route: Route) -> Store:
         if config.server.cache_backend == "redis":
-            assert config.server.redis_url
-            return RedisStore(config.server.redis_url, route.cache.ttl_seconds)
+            url = config.server.redis_url
+            assert url
+            if url not in self._redis_clients:
+                self._redis_clients[url] = new_redis_client(url)
+            return RedisStore(url, route.cache.ttl_seconds, self._redis_clients[url])
         return MemoryStore(route.cache.max_entries, route.cache.ttl_seconds)
 
     def reload(self) -> bool:
@@ -260,6 +266,8 @@ class ConfigHolder:
         if self._limiter is not None:
             await self._limiter[1].close()
         await self._close_retired(0)
+        for client in self._redis_clients.values():
+            await client.aclose()
 
 
 def _file_stamp(path: Path) -> tuple[int, int] | None:
