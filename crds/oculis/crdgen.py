@@ -98,7 +98,8 @@ def gpuupstream_crd() -> dict[str, Any]:
         ("READY-REPLICAS", "integer", ".status.readyReplicas"), ("READY", "string", f"{ready}.status"),
         ("REASON", "string", f"{ready}.reason"), ("KV-TOKENS", "integer", ".status.capacity.kvCacheTokens"),
         ("OBSERVED-KV", "integer", ".status.capacity.observedTokens"),
-        ("MAX-CONC", "integer", ".status.capacity.maxConcurrency"), ("AGE", "date", ".metadata.creationTimestamp"),
+        ("MAX-CONC", "integer", ".status.capacity.maxConcurrency"), ("CANARY", "string", ".status.canary.summary"),
+        ("AGE", "date", ".metadata.creationTimestamp"),
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -112,8 +112,12 @@ class Speculative(Model):
     num_speculative_tokens: int = Field(4, ge=1, le=16)
     """Tokens proposed per step"""
     acceptance_threshold: float | None = Field(
-        None, gt=0, le=1, description="Alert when the measured acceptance rate falls below this"
+        None, gt=0, le=1, description="Acceptance rate (accepted / draft tokens) below which speculation is a net "
+        "loss (about 0.5); with autoDisable it is turned off when a whole window stays below"
     )
+    auto_disable: bool = Field(
+        False, description="Turn speculation off (a safe rolling restart, capacity re-planned) when the measured "
+        "acceptance stays below acceptanceThreshold for a whole window; on again only when the spec changes")
 
 
 class Engine(Model):
@@ -151,12 +155,59 @@ class Traffic(Model):
     """Average output tokens per request (overrides the profile)"""
 
 
-class Rollout(Model):
-    """How engine changes roll: Auto, or Manual with explicit surge and unavailability."""
+DURATION = r"^[1-9][0-9]*(s|m|h)$"
 
-    strategy: Literal["Auto", "Manual"] = Field(
-        "Auto", description="Auto: surge when a spare GPU of the product exists, else one at a time"
+
+def duration_seconds(text: str) -> int:
+    """`30s`, `10m`, `1h` (DURATION) in seconds."""
+    return int(text[:-1]) * {"s": 1, "m": 60, "h": 3600}[text[-1]]
+
+
+class CanaryChecks(Model):
+    """What the canary must meet, per interval, from vLLM's own metrics: absolute ceilings and a
+    ceiling relative to the stable pods. Every unset check is skipped; no check at all compares the
+    latencies with maxRegressionPercent 10."""
+
+    ttft_p95_ms: float | None = Field(None, gt=0, description="Ceiling on the canary's p95 time to first token (ms)")
+    itl_p95_ms: float | None = Field(None, gt=0, description="Ceiling on the canary's p95 inter-token latency (ms)")
+    e2e_p95_ms: float | None = Field(None, gt=0, description="Ceiling on the canary's p95 end-to-end latency (ms)")
+    preemptions_per_minute: float | None = Field(None, ge=0, description="Ceiling on the canary's preemptions "
+                                                 "per minute")
+    error_rate: float | None = Field(None, ge=0, le=1, description="Ceiling on the canary's share of aborted or "
+                                     "failed requests")
+    max_regression_percent: float | None = Field(None, ge=0, description="Each latency check also fails when the "
+                                                 "canary is this many percent worse than the stable pods")
+
+
+class Canary(Model):
+    """Canary of an engine change: replicas with the new engine hash beside the stable ones, compared
+    every interval; promoted after `duration` without too many failed intervals, else rolled back."""
+
+    replicas: int = Field(1, ge=1, le=100)
+    """Canary replicas (each needs a spare GPU set of the product)"""
+    traffic_percent: int = Field(10, ge=1, le=99)
+    """Share of the upstream's traffic for the canary replicas (the router's weight per revision)"""
+    duration: str = Field("10m", pattern=DURATION)
+    """How long the analysis runs before promoting (e.g. 10m)"""
+    interval: str = Field("1m", pattern=DURATION)
+    """How often canary and stable are compared; also the metrics window (e.g. 1m)"""
+    failure_limit: int = Field(1, ge=0)
+    """Failed intervals tolerated; one more rolls back"""
+    min_requests: int = Field(10, ge=1)
+    """Finished canary requests an interval needs; fewer is a failed check, never a pass"""
+    checks: CanaryChecks = Field(default_factory=CanaryChecks)
+    """The checks each interval"""
+
+
+class Rollout(Model):
+    """How engine changes roll: Auto, Manual with explicit surge and unavailability, or Canary."""
+
+    strategy: Literal["Auto", "Manual", "Canary"] = Field(
+        "Auto", description="Auto: surge when a spare GPU of the product exists, else one at a time; Canary: "
+        "first canary replicas compared with the stable ones on serving metrics, then Auto or rolled back"
     )
+    canary: Canary | None = None
+    """Canary: replicas, traffic share, duration, interval, failure limit and checks"""
     max_surge: int | None = Field(None, ge=0)
     """Manual: extra replicas during a rollout"""
     max_unavailable: int | None = Field(None, ge=0)
@@ -357,6 +408,73 @@ class Capacity(Model):
     """(planned - observed) / observed in %; above 5 raises CapacityOK reason PlanDrift"""
 
 
+class CanaryCheck(Model):
+    """One check of the last canary interval: canary against stable and the limit."""
+
+    name: str
+    """ttftP95Ms, itlP95Ms, e2eP95Ms, preemptionsPerMinute or errorRate"""
+    canary: float | None = None
+    """The canary's figure (none: no samples)"""
+    stable: float | None = None
+    """The stable pods' figure"""
+    limit: float | None = None
+    """The ceiling the canary had to meet"""
+    ok: bool
+    """Whether the check passed"""
+    message: str = ""
+    """Why it failed"""
+
+
+class CanaryStatus(Model):
+    """The canary analysis of one spec generation."""
+
+    generation: int
+    """The spec generation canaried"""
+    engine_hash: str
+    """The canary's engine hash"""
+    phase: Literal["WaitingForGPUs", "Analyzing", "Promoted", "RolledBack"]
+    """Where the canary is"""
+    decision: Literal["Promote", "Rollback", "Continue", "Inconclusive"] | None = None
+    """The last decision"""
+    started_at: str | None = None
+    """When the canary replicas were created"""
+    last_check_at: str | None = None
+    """When the last interval was analysed"""
+    intervals: int = 0
+    """Intervals analysed"""
+    failed_intervals: int = 0
+    """Intervals with a failed check"""
+    canary_requests: float | None = None
+    """Finished canary requests in the last interval"""
+    checks: list[CanaryCheck] = Field(default_factory=list)
+    """The last interval's checks"""
+    message: str = ""
+    """The decision in words, with the figures"""
+    summary: str = ""
+    """Printer column, e.g. 3/10 ttft ok itl ok"""
+
+
+class SpeculativeStatus(Model):
+    """Speculative decoding as measured over the window."""
+
+    acceptance_rate: float | None = None
+    """Accepted / draft tokens over the window"""
+    mean_accepted_length: float | None = None
+    """1 + accepted tokens per draft: tokens each verification step yields"""
+    draft_tokens: float | None = None
+    """Draft tokens proposed in the window"""
+    window: str
+    """The window, e.g. 60s"""
+    decision: Literal["Keep", "Watching", "Disable", "Disabled", "TooFewTokens", "NoData"]
+    """Keep, Watching (below the threshold since lowSince), Disable(d), TooFewTokens or NoData"""
+    low_since: str | None = None
+    """Since when the acceptance has been below the threshold"""
+    disabled_generation: int | None = None
+    """The spec generation whose speculation the guard turned off"""
+    message: str = ""
+    """The decision with the figures"""
+
+
 class GPUUpstreamStatus(Model):
     """What the operator did and sees."""
 
@@ -381,6 +499,10 @@ class GPUUpstreamStatus(Model):
     """The name every ready replica answers, the router's model for it: the upstream's own name, kept across
     spec.model changes"""
     gpu: str | None = Field(None, description="Printer column: product x count")
+    canary: CanaryStatus | None = None
+    """The canary analysis of an engine change: phase, last decision and its figures"""
+    speculative: SpeculativeStatus | None = None
+    """Measured speculative-decoding acceptance and what the guard decided"""
     rollout: str | None = Field(None, description="What the rollout is doing or waiting for")
 
 

@@ -119,23 +119,44 @@ def compare(planned_tokens: int, planned_kv_bytes: int, log: StartupLog) -> Comp
                       None if error is None else round(error, 3), None if share is None else round(share, 2), within)
 
 
-def prometheus_kv_blocks(url: str, namespace: str, name: str, timeout: float = 2.0) -> int | None:
-    """The smallest num_gpu_blocks the upstream's engine pods (<name>-vllm-...) report through
-    vllm:cache_config_info, from a Prometheus HTTP API; None when unset, unreachable or not scraped yet
-    (the plan is then simply not compared)."""
+def prometheus_result(url: str, query: str, timeout: float = 2.0) -> list[dict[str, Any]] | None:
+    """The instant vector a PromQL query returns from a Prometheus HTTP API; None when the URL is unset,
+    Prometheus unreachable or the answer malformed (callers treat that as no samples, never as a pass)."""
     import json
     import urllib.parse
     import urllib.request
 
     if not url:
         return None
-    query = f'vllm:cache_config_info{{namespace="{namespace}",pod=~"{re.escape(name)}-vllm-.+"}}'
     try:
         with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}",
                                     timeout=timeout) as resp:
             body = json.load(resp)
-        blocks = [int(r["metric"]["num_gpu_blocks"]) for r in body["data"]["result"]
-                  if str(r.get("metric", {}).get("num_gpu_blocks", "")).isdigit()]
+        result: list[dict[str, Any]] = body["data"]["result"]
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return result if isinstance(result, list) else None
+
+
+def prometheus_value(url: str, query: str, timeout: float = 2.0) -> float | None:
+    """The first sample's value of a query (a sum or a quantile), None when there is none or it is NaN."""
+    result = prometheus_result(url, query, timeout)
+    try:
+        value = float(result[0]["value"][1]) if result else None
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return None if value is None or value != value else value
+
+
+def prometheus_kv_blocks(url: str, namespace: str, name: str, timeout: float = 2.0) -> int | None:
+    """The smallest num_gpu_blocks the upstream's engine pods (<name>-vllm-...) report through
+    vllm:cache_config_info, from a Prometheus HTTP API; None when unset, unreachable or not scraped yet
+    (the plan is then simply not compared)."""
+    query = f'vllm:cache_config_info{{namespace="{namespace}",pod=~"{re.escape(name)}-vllm-.+"}}'
+    result = prometheus_result(url, query, timeout)
+    try:
+        blocks = [int(r["metric"]["num_gpu_blocks"]) for r in result or []
+                  if str(r.get("metric", {}).get("num_gpu_blocks", "")).isdigit()]
+    except (KeyError, TypeError, AttributeError):
         return None
     return min(blocks) if blocks else None

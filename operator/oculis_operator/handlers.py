@@ -28,7 +28,8 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from oculis_operator import enginelog, hfconfig, render, rollout, routeconfig
+from oculis.upstream import Canary, duration_seconds
+from oculis_operator import canary, enginelog, hfconfig, render, rollout, routeconfig, speculative
 from oculis_operator import reconcile as core
 from oculis_operator.admission import admission_verdict, admission_warning
 from oculis_operator.api_errors import api_error_line, going_away
@@ -41,6 +42,8 @@ WEBHOOK_PORT = os.environ.get("OCULIS_WEBHOOK_PORT")
 RECHECK_SECONDS = float(os.environ.get("OCULIS_RECHECK_SECONDS", "10"))
 # Where the engines' vllm:cache_config_info is scraped, to compare the KV plan with what vLLM got; unset: no check.
 PROMETHEUS_URL = os.environ.get("OCULIS_PROMETHEUS_URL", "")
+# The speculative-decoding guard's window: acceptance is judged over this many seconds.
+SPECULATIVE_WINDOW_SECONDS = int(os.environ.get("OCULIS_SPECULATIVE_WINDOW_SECONDS", "300"))
 WAITING_REASONS = {"SecretNotFound", "SecretKeyMissing"}
 EXTERNAL_EVERY = 6  # recheck rounds between looks at every external upstream's Secret
 log = logging.getLogger("oculis.operator")
@@ -292,6 +295,14 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     pdb = None if external else kube.pdb(ns, name)
     config_text, config_problem = (None, None) if external else hfconfig.config_map_text(
         spec, lambda cm: kube.config_map(ns, cm), ns)
+    sp_spec = (spec.get("engine") or {}).get("speculative") or {}
+    guarded = not external and bool(sp_spec) and sp_spec.get("enabled", True) is not False
+    speculation = read_speculation(ns, name) if guarded and dep is not None and PROMETHEUS_URL else None
+    wants_canary = not external and ((spec.get("rollout") or {}).get("strategy") == "Canary"
+                                     or bool(status.get("canary")))
+    cdep = kube.canary_deployment(ns, name) if wants_canary else None
+    samples = read_canary(ns, name, spec, status.get("canary") or {}) if (
+        cdep is not None and rollout.progress(cdep).complete) else None
     obs = core.Observed(
         name=name, namespace=ns, uid=meta["uid"], generation=meta.get("generation", 1), spec=spec, status=status,
         deployment=dep,
@@ -301,6 +312,8 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         pending_reasons=kube.pending_reasons(ns, name) if rolling else [],
         service=service, pdb=pdb, model_config_text=config_text, model_config_problem=config_problem,
         observed_kv_blocks=enginelog.prometheus_kv_blocks(PROMETHEUS_URL, ns, name) if dep is not None else None,
+        speculation=speculation, speculative_window_s=SPECULATIVE_WINDOW_SECONDS,
+        canary_deployment=cdep, canary_samples=samples,
     )
 
     def spare(product: str) -> int:
@@ -320,7 +333,14 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     # Ready but the engines' KV cache not seen yet (Prometheus scrapes after the pods start): look again.
     awaiting_kv = bool(PROMETHEUS_URL) and not external and ready.get("status") == "True" and (
         out.status.get("capacity") or {}).get("observedTokens") is None
-    if (external and ready.get("reason") in WAITING_REASONS) or awaiting_kv:
+    if speculation is not None:
+        metrics.observe_speculation((ns, name), speculative.rates(speculation)[0], speculation.accepted_total)
+    # Measurements move without any Kubernetes event: a canary under analysis (or waiting for GPUs) and
+    # an auto-disabling speculation guard are looked at again every recheck.
+    canary_open = (out.status.get("canary") or {}).get("phase") in ("Analyzing", "WaitingForGPUs")
+    guard_open = guarded and bool(sp_spec.get("autoDisable")) and bool(PROMETHEUS_URL) and (
+        out.status.get("speculative") or {}).get("decision") != "Disabled"
+    if (external and ready.get("reason") in WAITING_REASONS) or awaiting_kv or canary_open or guard_open:
         kube.recheck.add((ns, name))
     else:
         kube.recheck.discard((ns, name))
@@ -335,6 +355,8 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         render_routes_or_recheck(kube, ns, logger)  # readiness and engine hash feed the router config
     for body in out.create:
         kube.create(body)
+    if out.delete_canary:
+        kube.delete_canary(ns, name)
     if out.deployment_patch is not None:
         kube.patch_deployment(ns, name, out.deployment_patch)
     for kind, patch in (("Service", out.service_patch), ("PodDisruptionBudget", out.pdb_patch)):
@@ -350,6 +372,32 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
             logger.warning(message)
             kopf.warn(kopf.Body(upstream), reason=reason, message=message[:1000])  # type: ignore[arg-type]
     kube.reported[(ns, name)] = now_warnings
+
+
+def read_speculation(namespace: str, name: str) -> speculative.Sample | None:
+    """The guard's window from Prometheus; None when nothing came back (unreachable or not scraped)."""
+    values = {k: enginelog.prometheus_value(PROMETHEUS_URL, q)
+              for k, q in speculative.queries(namespace, name, SPECULATIVE_WINDOW_SECONDS).items()}
+    if values["draft_tokens"] is None and values["accepted_total"] is None:
+        return None
+    return speculative.Sample(**values)
+
+
+def read_canary(namespace: str, name: str, spec: dict[str, Any],
+                status: dict[str, Any]) -> tuple[canary.Sample | None, canary.Sample | None] | None:
+    """(canary, stable) over the last interval when one is due, else None. Without Prometheus both are
+    None: no samples, which never promotes."""
+    try:
+        policy = Canary.model_validate((spec.get("rollout") or {}).get("canary") or {})
+    except ValueError:
+        return None  # the reconcile reports the invalid spec
+    if not canary.due(status, policy, _now()):
+        return None
+    window = max(1, duration_seconds(policy.interval))
+    read = {track: canary.sample({k: enginelog.prometheus_value(PROMETHEUS_URL, q)
+                                  for k, q in canary.queries(namespace, name, track, window).items()})
+            for track in ("canary", "stable")}
+    return read["canary"], read["stable"]
 
 
 def _only_status_moved(type: str | None, body: kopf.Body) -> bool:

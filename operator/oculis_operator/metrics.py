@@ -32,7 +32,27 @@ class OperatorMetrics:
         self.retrying = Gauge("oculis_operator_rechecks_pending",
                               "Upstreams waiting to be reconciled again (API error or missing Secret)",
                               registry=self.registry)
+        # The seed's names for the speculative-decoding guard: what it measured, per upstream.
+        self.spec_acceptance = Gauge("oculis_speculative_acceptance_rate",
+                                     "Speculative decoding: accepted / draft tokens over the guard's window",
+                                     ["namespace", "upstream"], registry=self.registry)
+        self.spec_accepted = Counter("oculis_speculative_tokens_accepted",
+                                     "Speculative decoding: draft tokens the target accepted (all engine pods)",
+                                     ["namespace", "upstream"], registry=self.registry)
+        self._accepted_seen: dict[tuple[str, str], float] = {}
         self._ready: dict[tuple[str, str], bool] = {}
+
+    def observe_speculation(self, key: tuple[str, str], rate: float | None, accepted_total: float | None) -> None:
+        """The guard's reading; the engines' running total feeds a counter that only grows (a pod restart
+        resets theirs: what it counted since is added, as Prometheus' increase() reads a reset)."""
+        if rate is not None:
+            self.spec_acceptance.labels(*key).set(rate)
+        if accepted_total is None:
+            return
+        last = self._accepted_seen.get(key)
+        delta = accepted_total if last is None or accepted_total < last else accepted_total - last
+        self._accepted_seen[key] = accepted_total
+        self.spec_accepted.labels(*key).inc(max(0.0, delta))
 
     def observe_upstream(self, key: tuple[str, str], ready: bool | None) -> None:
         """Record an upstream's Ready status (None: it is gone)."""

@@ -10,6 +10,7 @@ Degraded (`NoNodeCanHost`, `ExceedsPool`), not silently Pending.
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,8 +21,8 @@ from pydantic import ValidationError
 from oculis import gpus
 from oculis.base import format_errors
 from oculis.router import PROVIDER_URLS
-from oculis.upstream import DNS_1035, MAX_NAME, Engine, GPUUpstreamSpec
-from oculis_operator import capacity, catalog, drift, engine_args, hfconfig, render, rollout
+from oculis.upstream import DNS_1035, MAX_NAME, Canary, Engine, GPUUpstreamSpec
+from oculis_operator import canary, capacity, catalog, drift, engine_args, hfconfig, render, rollout, speculative
 from oculis_operator.conditions import Conditions
 
 
@@ -45,6 +46,12 @@ class Observed:
     model_config_problem: str | None = None
     # The smallest num_gpu_blocks the engine's replicas report (vllm:cache_config_info via Prometheus)
     observed_kv_blocks: int | None = None
+    # Speculative decoding over the guard's window (vllm:spec_decode_* via Prometheus), None: not read
+    speculation: speculative.Sample | None = None
+    speculative_window_s: int = 300
+    # The canary Deployment (<name>-vllm-canary) and, when an interval was due, (canary, stable) figures
+    canary_deployment: dict[str, Any] | None = None
+    canary_samples: tuple[canary.Sample | None, canary.Sample | None] | None = None
 
 
 @dataclass
@@ -54,6 +61,7 @@ class Outcome:
     deployment_patch: dict[str, Any] | None = None  # JSON merge patch for the existing Deployment
     service_patch: dict[str, Any] | None = None  # JSON merge patches reverting hand edits
     pdb_patch: dict[str, Any] | None = None
+    delete_canary: bool = False  # remove the canary Deployment (promoted, rolled back or superseded)
     log: list[str] = field(default_factory=list)  # what was done: logged and posted as Normal events
     # (reason, message) of what is wrong: posted as Warning events once while it lasts
     warnings: list[tuple[str, str]] = field(default_factory=list)
@@ -83,7 +91,7 @@ def reconcile(obs: Observed, spare_gpus: Callable[[str], int], now: str,
         return Outcome({**obs.status, **status, "conditions": conds.items})
     if not spec.self_hosted:
         return _external(obs, spec, conds, status)
-    return _self_hosted(obs, spec, conds, status, spare_gpus, pool)
+    return _self_hosted(obs, spec, conds, status, spare_gpus, pool, now)
 
 
 def _external(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status: dict[str, Any]) -> Outcome:
@@ -128,11 +136,15 @@ def _refuse(obs: Observed, conds: Conditions, status: dict[str, Any], reason: st
 
 
 def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status: dict[str, Any],
-                 spare_gpus: Callable[[str], int], pool: Callable[[str], rollout.Pool] | None) -> Outcome:
+                 spare_gpus: Callable[[str], int], pool: Callable[[str], rollout.Pool] | None,
+                 now: str = "") -> Outcome:
     assert spec.gpu is not None
     product = gpus.lookup(spec.gpu.product)
     status["gpu"] = f"{spec.gpu.product} x{spec.gpu.count}"
     status["endpoint"] = render.endpoint(obs.name, obs.namespace)
+    guard_warnings: list[tuple[str, str]] = []
+    spec = _speculation_guard(obs, spec, conds, status, now, guard_warnings)
+    assert spec.gpu is not None
     verdict = check(spec, obs.model_config_text, obs.model_config_problem)
     if isinstance(verdict, tuple):
         return _refuse(obs, conds, status, *verdict)
@@ -153,7 +165,7 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
 
     existing = obs.deployment
     strategy_reason = obs.status.get("rollout", "")
-    out = Outcome({})
+    out = Outcome({}, warnings=guard_warnings)
     current_strategy = ((existing or {}).get("spec", {}).get("strategy", {}) or {}).get("rollingUpdate")
     desired = render.deployment(obs.name, obs.namespace, obs.uid, spec, argv, plan.weights_bytes_per_gpu,
                                 current_strategy or {"maxSurge": 1, "maxUnavailable": 0})
@@ -167,6 +179,18 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
     reverted = [f"Deployment {desired['metadata']['name']}: {', '.join(edited)}"] if edited else []
     if edited:
         out.deployment_patch = drift.revert_patch(desired, existing, drift.DEPLOYMENT)
+    canary_held: tuple[str, str, str] | None = None  # (phase, reason, message) while the canary holds the roll
+    if (not edited and not same_spec and existing is not None and spec.rollout is not None
+            and spec.rollout.strategy == "Canary" and _template_hash(existing) != desired_hash):
+        canary_held = _canary_gate(obs, spec, spec.rollout.canary or Canary(), desired, desired_hash,
+                                   lambda: spare_gpus(product.gfd_product), now, status, out)
+    elif obs.canary_deployment is not None:  # no canary wanted now: none may linger and take traffic
+        out.delete_canary = True
+        out.log.append(f"Deleted canary Deployment {render.canary_name(obs.name)}: no canary in progress")
+    if canary_held is None and "canary" not in status and obs.status.get("canary"):
+        status["canary"] = obs.status["canary"]  # the last decision and its figures stay shown
+    if edited or canary_held is not None:
+        pass  # reverted above, or the canary holds the stable Deployment exactly as it is
     elif not same_spec:
         strat = rollout.choose_strategy(spec.rollout, spare_gpus(product.gfd_product), spec.gpu.count,
                                         spec.gpu.product)
@@ -202,6 +226,8 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
     status["rollout"] = strategy_reason
     done = _report_progress(obs, existing, desired_hash, out.deployment_patch is not None or existing is None,
                             conds, status)
+    if canary_held is not None:
+        _canary_conditions(existing, canary_held, conds, status)
     if done:
         _check_plan(obs, plan, conds, status, out)
     if reverted:
@@ -352,3 +378,153 @@ def _ann(obj: dict[str, Any], key: str) -> str | None:
 
 def _template_hash(dep: dict[str, Any]) -> str | None:
     return _ann(dep.get("spec", {}).get("template", {}), render.ENGINE_HASH)
+
+
+def _speculation_guard(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status: dict[str, Any], now: str,
+                       warnings: list[tuple[str, str]]) -> GPUUpstreamSpec:
+    """status.speculative from the measured acceptance, and the spec to plan and render: with speculation
+    turned off by the guard for this generation, the same spec without it (its draft's memory goes back
+    to the KV cache in the plan, and the change rolls like any other)."""
+    sp = spec.engine.speculative if spec.engine else None
+    prev = obs.status.get("speculative") or {}
+    if sp is None or not sp.enabled:
+        if condition_of(obs.status, "SpeculationDisabled"):
+            conds.set("SpeculationDisabled", "False", "NotConfigured", "the spec runs no speculative decoding")
+        return spec
+    already = prev.get("disabledGeneration") == obs.generation
+    window = obs.speculative_window_s
+    v = speculative.decide(sp.acceptance_threshold, sp.auto_disable, obs.speculation, window, prev.get("lowSince"),
+                           now, already)
+    if v.decision == "Disabled":
+        status["speculative"] = {**prev, "decision": "Disabled"}  # the figures that turned it off stay shown
+        conds.set("SpeculationDisabled", "True", "LowAcceptance", str(prev.get("message") or v.message))
+    else:
+        status["speculative"] = {
+            "acceptanceRate": None if v.acceptance_rate is None else round(v.acceptance_rate, 4),
+            "meanAcceptedLength": None if v.mean_accepted_length is None else round(v.mean_accepted_length, 3),
+            "draftTokens": v.draft_tokens, "window": f"{window}s", "decision": v.decision, "lowSince": v.low_since,
+            "disabledGeneration": obs.generation if v.decision == "Disable" else None, "message": v.message}
+        if v.decision == "Disable":
+            conds.set("SpeculationDisabled", "True", "LowAcceptance", v.message)
+            warnings.append(("SpeculationDisabled", v.message))
+        else:
+            conds.set("SpeculationDisabled", "False", v.decision, v.message)
+            return spec
+    assert spec.engine is not None
+    off = sp.model_copy(update={"enabled": False})
+    return spec.model_copy(update={"engine": spec.engine.model_copy(update={"speculative": off})})
+
+
+def condition_of(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    found: dict[str, Any] = next((c for c in status.get("conditions", []) or [] if c.get("type") == type_), {})
+    return found
+
+
+def _canary_gate(obs: Observed, spec: GPUUpstreamSpec, policy: Canary, desired: dict[str, Any], desired_hash: str,
+                 spare: Callable[[], int], now: str, status: dict[str, Any],
+                 out: Outcome) -> tuple[str, str, str] | None:
+    """An engine change under Strategy Canary: None once promoted (the stable Deployment rolls as
+    usual), otherwise (phase, reason, message) while the canary holds the stable Deployment as it is."""
+    assert spec.gpu is not None
+    prev = obs.status.get("canary") or {}
+    mine = prev.get("generation") == obs.generation and prev.get("engineHash") == desired_hash
+    cdep, cname = obs.canary_deployment, render.canary_name(obs.name)
+    total = canary.intervals_total(policy)
+    base = {"generation": obs.generation, "engineHash": desired_hash}
+
+    def drop(why: str) -> None:
+        if cdep is not None:
+            out.delete_canary = True
+            out.log.append(f"Deleted canary Deployment {cname}: {why}")
+
+    if mine and prev.get("phase") in ("Promoted", "RolledBack"):
+        status["canary"] = prev
+        drop("promoted" if prev["phase"] == "Promoted" else "rolled back")
+        if prev["phase"] == "Promoted":
+            return None
+        return "RolledBack", "CanaryRolledBack", (f"canary of engine hash {desired_hash} rolled back, not retried for "
+                                                  f"generation {obs.generation}: {prev.get('message', '')}; change "
+                                                  "the spec to try again")
+    if cdep is not None and _template_hash(cdep) != desired_hash:  # an earlier change's canary
+        drop(f"superseded by engine hash {desired_hash}")
+        status["canary"] = {**base, "phase": "Analyzing", "summary": f"0/{total}", "message": "replacing the canary"}
+        return "Analyzing", "CanaryAnalysis", f"replacing an earlier change's canary with engine hash {desired_hash}"
+    if cdep is None:
+        gfd = gpus.lookup(spec.gpu.product).gfd_product
+        if spare() < spec.gpu.count:
+            msg = (f"canary of engine hash {desired_hash} waits for a spare {spec.gpu.product} x{spec.gpu.count} in "
+                   f"pool {gpus.GPU_PRODUCT_LABEL}={gfd}; the stable replicas keep serving unchanged")
+            status["canary"] = {**base, "phase": "WaitingForGPUs", "summary": f"0/{total} waiting for GPUs",
+                                "message": msg}
+            return "WaitingForGPUs", "WaitingForGPUs", msg
+        out.create.append(render.canary_deployment(desired, policy.replicas))
+        out.log.append(f"Created canary Deployment {cname} ({policy.replicas} replica(s), engine hash {desired_hash}) "
+                       f"for {policy.duration}, checked every {policy.interval}")
+        status["canary"] = {**base, "phase": "Analyzing", "summary": f"0/{total} starting",
+                            "message": "starting the canary replicas"}
+        return "Analyzing", "CanaryAnalysis", f"starting {policy.replicas} canary replica(s), hash {desired_hash}"
+    cur = {**base, **{k: v for k, v in prev.items() if mine and k not in base}, "phase": "Analyzing"}
+    if not rollout.progress(cdep).complete:
+        cur.setdefault("summary", f"0/{total} starting")
+        status["canary"] = cur
+        return "Analyzing", "CanaryAnalysis", f"waiting for the canary replicas of engine hash {desired_hash}: " \
+            f"{rollout.progress(cdep).summary}"
+    cur.setdefault("startedAt", now)
+    if not cur.get("startedAt"):
+        cur["startedAt"] = now
+    if obs.canary_samples is None:  # no interval due yet
+        cur.setdefault("summary", f"0/{total}")
+        status["canary"] = cur
+        return "Analyzing", "CanaryAnalysis", f"canary {cur['summary']}: {cur.get('message') or 'analysing'}"
+    c_sample, s_sample = obs.canary_samples
+    elapsed = _seconds(str(cur["startedAt"]), now)
+    d = canary.analyze(policy, c_sample, s_sample, elapsed, int(cur.get("failedIntervals") or 0))
+    intervals = int(cur.get("intervals") or 0) + 1
+    figures = "; ".join(f"{c.name} canary {_fmt(c.canary)} vs stable {_fmt(c.stable)} (limit {_fmt(c.limit)})"
+                        + ("" if c.ok else f" FAILED: {c.message}") for c in d.checks)
+    cur.update(decision=d.verdict, lastCheckAt=now, intervals=intervals, failedIntervals=d.failed_intervals,
+               canaryRequests=None if c_sample is None else c_sample.requests,
+               checks=[c.as_status() for c in d.checks], message=d.message + (f" [{figures}]" if figures else ""),
+               summary=canary.summary(intervals, total, d.checks, d.verdict))
+    status["canary"] = cur
+    if d.verdict == "Promote":
+        cur["phase"] = "Promoted"
+        drop("promoted")
+        out.log.append(f"Canary of engine hash {desired_hash} promoted: {cur['message']}")
+        return None
+    if d.verdict in ("Rollback", "Inconclusive"):
+        cur["phase"] = "RolledBack"
+        drop("rolled back")
+        msg = f"canary of engine hash {desired_hash} rolled back ({d.verdict}): {cur['message']}"
+        out.warnings.append(("CanaryRolledBack", msg))
+        return "RolledBack", "CanaryRolledBack", msg + "; the stable Deployment is unchanged; change the spec to retry"
+    return "Analyzing", "CanaryAnalysis", f"canary {cur['summary']}: {cur['message'] or 'every check passed so far'}"
+
+
+def _canary_conditions(existing: dict[str, Any] | None, held: tuple[str, str, str], conds: Conditions,
+                       status: dict[str, Any]) -> None:
+    """While a canary holds the roll the stable replicas serve as before: Ready from them, Progressing
+    during the analysis (GitOps health shows it), Degraded once it rolled back."""
+    phase, reason, msg = held
+    stable = rollout.progress(existing) if existing is not None else None
+    if stable is not None and stable.complete and stable.replicas > 0:
+        conds.set("Ready", "True", "StableServing", f"the stable replicas serve engine hash {status.get('engineHash')}"
+                  f" ({stable.summary}); {phase.lower()} canary")
+    if phase == "RolledBack":
+        conds.set("Progressing", "False", reason, msg)
+        conds.set("Degraded", "True", reason, msg)
+    else:
+        conds.set("Progressing", "True", reason, msg)
+        conds.set("Degraded", "False", "AsExpected", "")
+
+
+def _fmt(v: float | None) -> str:
+    return "none" if v is None else f"{v:.4g}"
+
+
+def _seconds(earlier: str, later: str) -> float:
+    fmt = "%Y-%m-%dT%H:%M:%SZ"
+    try:
+        return (datetime.datetime.strptime(later, fmt) - datetime.datetime.strptime(earlier, fmt)).total_seconds()
+    except ValueError:
+        return 0.0

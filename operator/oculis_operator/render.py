@@ -20,6 +20,7 @@ from oculis_operator.engine_args import PORT, VLLM_IMAGE
 ENGINE_HASH = "oculis.dev/engine-hash"
 SPEC_HASH = "oculis.dev/spec-hash"
 UPSTREAM_LABEL = "oculis.dev/upstream"
+TRACK_LABEL = "oculis.dev/track"  # "canary" on the canary Deployment's pods
 GPU_TOLERATION = {"key": gpus.GPU_TAINT_KEY, "operator": "Exists", "effect": gpus.GPU_TAINT_EFFECT}
 
 
@@ -47,6 +48,19 @@ def startup_failure_threshold(weights_bytes: int) -> int:
     return max(30, min(180, math.ceil(seconds / 10)))
 
 
+def generate_probe(name: str, timeout_s: int = 30) -> dict[str, Any]:
+    """A startup probe that generates one token: vLLM answers /health once the server is up, which can be
+    before the first request compiles or loads what it needs, so a rollout would count a replica that
+    cannot serve yet. The vLLM image has python3; the request goes to the pod's own port and names the
+    served alias, with max_tokens 1 (one decode step, no sampling cost worth the name)."""
+    body = json.dumps({"model": name, "prompt": "ping", "max_tokens": 1})
+    script = ("import sys,urllib.request as u;"
+              f"r=u.urlopen(u.Request('http://127.0.0.1:{PORT}/v1/completions',data=sys.argv[1].encode(),"
+              f"headers={{'Content-Type':'application/json'}}),timeout={timeout_s});"
+              "sys.exit(0 if b'\"choices\"' in r.read() else 1)")
+    return {"exec": {"command": ["python3", "-c", script, body]}, "periodSeconds": 10, "timeoutSeconds": timeout_s}
+
+
 def pod_template(name: str, spec: GPUUpstreamSpec, argv: list[str], weights_bytes: int) -> dict[str, Any]:
     assert spec.gpu is not None
     product = gpus.lookup(spec.gpu.product)
@@ -67,7 +81,8 @@ def pod_template(name: str, spec: GPUUpstreamSpec, argv: list[str], weights_byte
             "ports": [{"name": "http", "containerPort": PORT}],
             "resources": resources,
             # vLLM answers /health only once weights, profiling and graphs are done: never a TCP probe.
-            "startupProbe": {**probe, "failureThreshold": startup_failure_threshold(weights_bytes)},
+            # Started = it generated a token; then /health (cheap) keeps it ready and alive.
+            "startupProbe": {**generate_probe(name), "failureThreshold": startup_failure_threshold(weights_bytes)},
             "readinessProbe": {**probe, "failureThreshold": 3},
             "livenessProbe": {**probe, "failureThreshold": 6},
             "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
@@ -102,6 +117,26 @@ def deployment(name: str, namespace: str, uid: str, spec: GPUUpstreamSpec, argv:
         "spec": {**body, "replicas": spec.replicas if spec.replicas is not None else 1,
                  "strategy": {"type": "RollingUpdate", "rollingUpdate": strategy}},
     }
+
+
+def canary_name(name: str) -> str:
+    return f"{workload_name(name)}-canary"
+
+
+def canary_deployment(stable: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """The canary Deployment of a rendered stable one: its pod template (the new engine hash), `replicas`
+    replicas, labelled track=canary so its selector never claims the stable pods. The Service selects
+    both, so the canary takes its replicas' share of the traffic."""
+    dep: dict[str, Any] = json.loads(json.dumps(stable))
+    meta, spec = dep["metadata"], dep["spec"]
+    meta["name"] = canary_name(meta["labels"][UPSTREAM_LABEL])
+    meta["labels"] = {**meta["labels"], TRACK_LABEL: "canary"}
+    meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if k != SPEC_HASH}
+    spec["selector"]["matchLabels"] = {**spec["selector"]["matchLabels"], TRACK_LABEL: "canary"}
+    spec["template"]["metadata"]["labels"] = {**spec["template"]["metadata"]["labels"], TRACK_LABEL: "canary"}
+    spec["replicas"] = replicas
+    spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    return dep
 
 
 def service(name: str, namespace: str, uid: str) -> dict[str, Any]:

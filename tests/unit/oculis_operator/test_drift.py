@@ -45,7 +45,8 @@ def served(obj: dict[str, Any]) -> dict[str, Any]:
             c["ports"][0]["protocol"] = "TCP"
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 c[probe]["successThreshold"] = 1
-                c[probe]["httpGet"]["scheme"] = "HTTP"
+                if "httpGet" in c[probe]:  # the one-token startup probe is an exec: no scheme to default
+                    c[probe]["httpGet"]["scheme"] = "HTTP"
             requests = c["resources"]["requests"]
             requests.update({k: {"0.5": "500m", "1024Mi": "1Gi"}.get(v, v) for k, v in requests.items()})
         live["spec"]["strategy"]["rollingUpdate"] = {"maxSurge": 1, "maxUnavailable": 0}
