@@ -1,0 +1,55 @@
+"""The classifier-drift verdict: every branch of classifier_drift.assess, as a table."""
+
+from __future__ import annotations
+
+import pytest
+
+from oculis_operator.classifier_drift import DriftPolicy, Window, assess, window_from
+
+BASE = Window(3600, {"small": 800, "large": 200}, escalations=50)  # 20 % large, 5 % escalated
+POL = DriftPolicy(factor=2.0, min_requests=20, floor=0.02)
+
+CASES = [
+    ("same mix", Window(60, {"small": 40, "large": 10}, 3), "False", "WithinBaseline"),
+    ("escalation rate doubled", Window(60, {"small": 40, "large": 10}, 6), "True", "ShiftedBeyondFactor"),
+    ("a tier's share more than doubled", Window(60, {"small": 25, "large": 25}, 2), "True", "ShiftedBeyondFactor"),
+    ("a tier's share fell below half", Window(60, {"small": 48, "large": 2}, 2), "True", "ShiftedBeyondFactor"),
+    ("a new tier appears", Window(60, {"small": 30, "large": 10, "xl": 10}, 2), "True", "ShiftedBeyondFactor"),
+    ("too few requests", Window(60, {"small": 5, "large": 10}, 9), "Unknown", "TooFewRequests"),
+]
+
+
+@pytest.mark.parametrize(("name", "short", "status", "reason"), CASES, ids=[c[0] for c in CASES])
+def test_classifier_drift_table(name: str, short: Window, status: str, reason: str) -> None:
+    v = assess(short, BASE, POL)
+    assert (v.status, v.reason) == (status, reason), v.message
+    assert v.traffic["window"] == "1m" and v.traffic["baseline"]["window"] == "1h"
+
+
+def test_drift_message_carries_both_figures() -> None:
+    v = assess(Window(60, {"small": 40, "large": 10}, 6), BASE, POL)
+    assert "escalation rate 12.0% vs 5.0% baseline" in v.message
+    assert v.traffic["escalationRate"] == 0.12 and v.traffic["tierShares"] == {"large": 0.2, "small": 0.8}
+
+
+def test_no_baseline_is_unknown_not_false() -> None:
+    v = assess(Window(60, {"small": 50}, 0), Window(3600, {"small": 3}, 0), POL)
+    assert (v.status, v.reason) == ("Unknown", "NoBaseline")
+
+
+def test_a_rate_from_zero_needs_the_floor() -> None:
+    """From a 0 % baseline, 1 of 50 escalated is noise (below factor x floor); 5 of 50 is drift."""
+    base = Window(3600, {"small": 1000}, 0)
+    assert assess(Window(60, {"small": 50}, 1), base, POL).status == "False"
+    assert assess(Window(60, {"small": 50}, 5), base, POL).status == "True"
+
+
+def test_window_from_reads_tiers_and_escalations() -> None:
+    def query(q: str) -> list[dict] | None:
+        if "escalations" in q:
+            return [{"metric": {}, "value": [0, "4"]}]
+        return [{"metric": {"tier": "small"}, "value": [0, "30"]}, {"metric": {"tier": "large"}, "value": [0, "10"]}]
+
+    w = window_from(query, "ns", "chat", 60)
+    assert w == Window(60, {"small": 30.0, "large": 10.0}, 4.0)
+    assert window_from(lambda q: None, "ns", "chat", 60) is None
