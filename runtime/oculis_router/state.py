@@ -137,6 +137,8 @@ class ConfigHolder:
                 stores[ckey] = store
             routes[route.name] = RouteRuntime(route, scorer, store)
         now = time.monotonic()
+        limiter = self._limiter_for(config, now)  # before the swap: a limiter that fails to build must not
+        # retire the stores the config in force still uses
         kept = {id(s) for s in stores.values()}
         self._retired += [(now, s) for s in self._stores.values() if id(s) not in kept]
         self._scorers, self._stores = scorers, stores
@@ -144,7 +146,7 @@ class ConfigHolder:
         for up in config.upstreams:
             if why := missing_key(up):
                 log.warning("%s; requests to it will fail over to the next tier", why)
-        return Runtime(config, digest, routes, {u.name: u for u in config.upstreams}, self._limiter_for(config, now))
+        return Runtime(config, digest, routes, {u.name: u for u in config.upstreams}, limiter)
 
     def _limiter_for(self, config: RouterConfig, now: float) -> Limiter | None:
         """The limiter of this config: the previous one while its backend settings are unchanged (the

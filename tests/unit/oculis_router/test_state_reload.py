@@ -154,3 +154,25 @@ def test_stores_a_reload_dropped_are_closed_later(tmp_path: Path) -> None:
     assert not closed  # in-flight requests of the old snapshot may still use it
     asyncio.run(holder._close_retired(0))
     assert closed == [True]
+
+
+def test_a_config_refused_late_in_its_build_leaves_the_stores_in_force_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "oculis-config.yaml"
+    cfg = yaml.safe_load(config("first"))
+    cfg["oculis"]["routes"][0]["cache"] = {"enabled": True, "max_entries": 10}
+    path.write_text(yaml.safe_dump(cfg))
+    metrics = Metrics()
+    holder = ConfigHolder(path, metrics)
+    store = holder.current.routes["first"].store
+
+    def refused(*_: object) -> None:
+        raise ValueError("the limiter's backend cannot be built")
+
+    monkeypatch.setattr(state, "build_limiter", refused)
+    cfg["oculis"]["routes"][0]["cache"]["max_entries"] = 20  # would replace the store...
+    cfg["oculis"]["routes"][0]["limits"] = {"requests_per_minute": 5}  # ...but the limiter fails
+    path.write_text(yaml.safe_dump(cfg))
+    holder.tick()
+    assert counted(metrics, "rejected") == 1 and holder.current.routes["first"].store is store
+    assert all(s is not store for _, s in holder._retired)  # not to be closed under the config in force
