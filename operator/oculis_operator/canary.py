@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -182,7 +183,7 @@ def sample(values: dict[str, float | None]) -> Sample | None:
     return Sample(**{k: (None if v is None or math.isnan(v) or math.isinf(v) else v) for k, v in values.items()})
 
 
-def due(status: dict[str, object], policy: Canary, now: str) -> bool:
+def due(status: Mapping[str, object], policy: Canary, now: str) -> bool:
     """Whether an interval has passed since the analysis started or was last checked (status.canary)."""
     if status.get("phase") != "Analyzing" or not status.get("startedAt"):
         return False
