@@ -95,6 +95,7 @@ def gpuupstream_crd() -> dict[str, Any]:
     cols = [
         ("PROVIDER", "string", ".spec.provider"), ("MODEL", "string", ".spec.model"),
         ("GPU", "string", ".status.gpu"), ("REPLICAS", "integer", ".spec.replicas"),
+        ("DESIRED", "integer", ".status.autoscaling.desiredReplicas"),
         ("READY-REPLICAS", "integer", ".status.readyReplicas"), ("READY", "string", f"{ready}.status"),
         ("REASON", "string", f"{ready}.reason"), ("KV-TOKENS", "integer", ".status.capacity.kvCacheTokens"),
         ("OBSERVED-KV", "integer", ".status.capacity.observedTokens"),

@@ -224,6 +224,54 @@ ROLLOUT_STUCK = ("maxSurge and maxUnavailable cannot both be 0 (no replica could
                  "set maxUnavailable: 1, or maxSurge: 1 if a spare GPU exists")
 
 
+DURATION_OR_ZERO = r"^[0-9]+(s|m|h)$"
+
+
+class AutoscalingTargets(Model):
+    """What one replica should carry; the replicas asked for are the larger of the two, HPA style."""
+
+    waiting_per_replica: float = Field(5, gt=0, le=10_000, description="Requests waiting in vLLM's queue "
+                                       "(vllm:num_requests_waiting) per replica")
+    kv_cache_usage: float = Field(0.8, gt=0, le=1, description="KV cache usage (vllm:kv_cache_usage_perc, 0-1) "
+                                  "per replica")
+
+
+class Autoscaling(Model):
+    """Replicas follow demand: vLLM's queue and KV usage from Prometheus plus the router's demand for the
+    upstream. The operator writes only the Deployment's replicas and status.autoscaling (never spec);
+    missing, stale or partial metrics hold the count; it never asks for more replicas than the GPU pool
+    can place. With minReplicas 0 an idle upstream goes to zero and the next routed request wakes it
+    (the route's coldStart decides what that request gets meanwhile)."""
+
+    min_replicas: int = Field(1, ge=0, le=1000)
+    """Fewest replicas; 0 allows scale to zero"""
+    max_replicas: int = Field(ge=1, le=1000)
+    """Most replicas"""
+    targets: AutoscalingTargets = Field(default_factory=AutoscalingTargets)
+    """Per-replica targets"""
+    scale_up_stabilization: str = Field("30s", pattern=DURATION_OR_ZERO, description="How long the load must "
+                                        "ask for more before scaling up (to the lowest reading in that time)")
+    scale_down_delay: str = Field("5m", pattern=DURATION_OR_ZERO, description="How long the load must ask for "
+                                  "fewer before scaling down (to the highest reading in that time)")
+    scale_to_zero_after: str = Field("10m", pattern=DURATION, description="With minReplicas 0: idle time (nothing "
+                                     "waiting or running, no router demand) before going to zero")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(AUTOSCALING_BOUNDS)
+        return self
+
+
+AUTOSCALING_BOUNDS = ("autoscaling.minReplicas must be <= autoscaling.maxReplicas: raise maxReplicas or lower "
+                      "minReplicas")
+
+
+def duration_or_zero_seconds(text: str) -> int:
+    """DURATION_OR_ZERO (`0s`, `30s`, `5m`) in seconds."""
+    return int(text[:-1]) * {"s": 1, "m": 60, "h": 3600}[text[-1]]
+
+
 class SecretKeyRef(Model):
     """A key of a Secret in the upstream's namespace (read by name; the value is never logged)."""
 
@@ -297,6 +345,8 @@ class GPUUpstreamSpec(Model):
     """What the capacity check plans for"""
     rollout: Rollout | None = None
     """How engine changes roll out"""
+    autoscaling: Autoscaling | None = None
+    """Self-hosted: replicas follow demand (spec.replicas is then only the count before the first decision)"""
     # external
     base_url: str | None = Field(None, alias="baseURL")
     """External: the provider's base URL (default: the provider's public API)"""
@@ -362,6 +412,9 @@ CEL_RULES: list[dict[str, str]] = [
     {"rule": "!has(self.rollout) || !has(self.rollout.maxSurge) || !has(self.rollout.maxUnavailable) "
              "|| self.rollout.maxSurge > 0 || self.rollout.maxUnavailable > 0",
      "message": ROLLOUT_STUCK, "fieldPath": ".rollout"},
+    {"rule": "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) "
+             "|| self.autoscaling.minReplicas <= self.autoscaling.maxReplicas",
+     "message": AUTOSCALING_BOUNDS, "fieldPath": ".autoscaling.minReplicas"},
 ]
 NAME_RULE = {"rule": f"size(self.metadata.name) <= {MAX_NAME}",
              "message": f"metadata.name must be at most {MAX_NAME} characters (derived Deployment names add a suffix)"}
@@ -475,6 +528,27 @@ class SpeculativeStatus(Model):
     """The decision with the figures"""
 
 
+class AutoscalingStatus(Model):
+    """The last autoscaling decision and the stabilisation state the next one starts from."""
+
+    desired_replicas: int
+    """Replicas asked of the Deployment (printer column DESIRED)"""
+    reason: str
+    """Why: ScaleUp, ScaleDown, Steady, StabilizingUp, WaitingForGPUs, ScaledToZero, MetricsMissing, ..."""
+    message: str = ""
+    """The figures behind it"""
+    above_since: str | None = None
+    """Since when the load has asked for more"""
+    up_target: int | None = None
+    """Lowest count asked for since aboveSince"""
+    below_since: str | None = None
+    """Since when the load has asked for fewer"""
+    down_target: int | None = None
+    """Highest count asked for since belowSince"""
+    idle_since: str | None = None
+    """Since when nothing waits or runs and the router has no demand"""
+
+
 class GPUUpstreamStatus(Model):
     """What the operator did and sees."""
 
@@ -504,6 +578,8 @@ class GPUUpstreamStatus(Model):
     speculative: SpeculativeStatus | None = None
     """Measured speculative-decoding acceptance and what the guard decided"""
     rollout: str | None = Field(None, description="What the rollout is doing or waiting for")
+    autoscaling: AutoscalingStatus | None = None
+    """spec.autoscaling: the last decision, its figures and the stabilisation state"""
 
 
 class GPUUpstream(Model):
