@@ -299,6 +299,17 @@ class Limiter(Model):
     """Completion tokens a request reserves when it sets neither max_tokens nor max_completion_tokens"""
 
 
+class DecisionLog(Model):
+    """One JSON line per request of this route: what the router decided and how the answer went (tier,
+    complexity, confidence, escalated and why, answer log-probability, status), to audit routing and to
+    build an `oculis classifier fit` suite from real traffic."""
+
+    sink: str = Field("stdout", min_length=1, max_length=4096, pattern=r"^(stdout|/.*)$")
+    """stdout, or an absolute file path (appended to)"""
+    include_prompts: bool = False
+    """Write the prompt or messages themselves (as a suite line has them); false: only their SHA-256"""
+
+
 class RouteBody(Model):
     """A route without its name: the InferenceRoute's spec (the name comes from metadata)."""
 
@@ -318,6 +329,8 @@ class RouteBody(Model):
     """Dollar budget of this route (unset: server.budget)"""
     limit_overrides: list[LimitOverride] = Field(default_factory=list, max_length=256)
     """Other limits or budget for some tenants or keys; the first that matches applies (then server.limit_overrides)"""
+    decision_log: DecisionLog | None = None
+    """Log each request's routing decision and outcome as a JSON line (unset: not logged)"""
 
     @model_validator(mode="after")
     def _tiers_are_usable(self) -> RouteBody:

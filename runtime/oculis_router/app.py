@@ -25,6 +25,8 @@ from starlette.routing import Route as HTTPRoute
 from oculis import RouterConfig, Timeouts, Upstream
 from oculis_router import answer_check as answers
 from oculis_router import cache as rcache
+from oculis_router.decisionlog import DecisionSink
+from oculis_router.decisionlog import entry as decision_entry
 from oculis_router.errors import APIError, bad_request
 from oculis_router.inbound import HeaderLimit, check_body, check_client_key, disconnected, read_body, tenant_of
 from oculis_router.limits import identity_of
@@ -56,6 +58,7 @@ class Plan:
     escalated: bool
     timeouts: list[Timeouts | None] = field(default_factory=list)  # per tier: overrides of its upstream's
     prompt_tokens: int | None = None  # the classifier's count (None: not classified), for rate limits
+    confidence: float | None = None  # the classifier's (None: not classified), for the decision log
 
 
 def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: str = "chat") -> Plan:
@@ -85,7 +88,7 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
     if decision.escalated:
         metrics.escalations.labels(name, "low_confidence").inc()
     return Plan(rr, [rt.upstreams[t.upstream] for t in tiers], [t.name for t in tiers], c.complexity,
-                decision.escalated, [t.timeouts for t in tiers], c.prompt_tokens)
+                decision.escalated, [t.timeouts for t in tiers], c.prompt_tokens, c.confidence)
 
 
 def failure_kind(exc: UpstreamFailed) -> str:
@@ -126,6 +129,16 @@ class Router:
                  client_keys_env: str | None = None) -> None:
         self.holder, self.caller, self.metrics = holder, caller, metrics
         self.client_keys_env = client_keys_env  # from the command line; else the config's server setting
+        self.decisions = DecisionSink()
+
+    def logged(self, plan: Plan, body: dict[str, Any], resp: Response) -> Response:
+        """The response, after its route's decision log (if any) has its line."""
+        cfg = plan.route.route.decision_log if plan.route else None
+        if cfg is not None and plan.route is not None:
+            self.decisions.write(cfg, decision_entry(cfg, plan.route.route.name, body, plan.complexity,
+                                                     plan.confidence, plan.prompt_tokens, resp.status_code,
+                                                     resp.headers))
+        return resp
 
     def keys_env(self, rt: Runtime) -> str | None:
         return self.client_keys_env or rt.config.server.client_keys_env
@@ -170,17 +183,18 @@ class Router:
                         hdrs.update(hold.headers)
                     if body.get("stream"):
                         replay = rcache.sse_from_response(hit, endpoint, rcache.stream_wants_usage(body))
-                        return StreamingResponse(_iter(replay), headers={**hdrs, **SSE_HEADERS},
-                                                 media_type="text/event-stream")
-                    return JSONResponse(hit, headers=hdrs)
+                        return self.logged(plan, body, StreamingResponse(
+                            _iter(replay), headers={**hdrs, **SSE_HEADERS}, media_type="text/event-stream"))
+                    return self.logged(plan, body, JSONResponse(hit, headers=hdrs))
             if body.get("stream"):
                 check = plan.route.route.escalation.on_answer if plan.route else None
                 if check is not None and check.buffer_streams and plan.route and plan.route.route.escalation.enabled:
-                    return await _held(hold, self._buffered(body, plan, endpoint, key, route_label, hold))
-                return await _held(hold, self._stream(body, plan, endpoint, key, route_label, hold))
-            return await self._unless_client_leaves(request, _held(hold, self._complete(body, plan, endpoint, key,
-                                                                                        route_label, hold)),
-                                                    route_label)
+                    return self.logged(plan, body, await _held(
+                        hold, self._buffered(body, plan, endpoint, key, route_label, hold)))
+                return self.logged(plan, body, await _held(
+                    hold, self._stream(body, plan, endpoint, key, route_label, hold)))
+            return self.logged(plan, body, await self._unless_client_leaves(
+                request, _held(hold, self._complete(body, plan, endpoint, key, route_label, hold)), route_label))
         except APIError as err:
             self.metrics.requests.labels(route_label, "-", "-", f"error_{err.status}").inc()
             return err.response()

@@ -1,9 +1,11 @@
 """Escalation on the answer (`escalation.on_answer`): fake self-hosted upstreams return token
-logprobs; an answer less sure than the bar is replaced by the next tier's, counted and said so."""
+logprobs; an answer less sure than the bar is replaced by the next tier's, counted and said so.
+And the route's decision log, which records such decisions per request."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,8 +19,11 @@ def use(router: RouterHandle, fakes: Fakes, **on_answer: Any) -> None:
     cfg = fakes.config(escalation={"enabled": True, "on_low_confidence": False, "on_answer": on_answer},
                        cache={"enabled": False})
     router.write(cfg)
-    eventually(lambda: router.app.state.holder.current.routes["adaptive"].route.escalation.on_answer is not None,
-               timeout=10, what="the on_answer config applied")
+    def applied() -> bool:
+        got = router.app.state.holder.current.routes["adaptive"].route.escalation.on_answer
+        return got is not None and got.model_dump(exclude_unset=True) == on_answer
+
+    eventually(applied, timeout=10, what="the on_answer config applied")
 
 
 def ask(router: RouterHandle, **body: Any) -> httpx.Response:
@@ -93,3 +98,29 @@ def test_streams_are_checked_only_when_the_route_buffers_them(router: RouterHand
     assert content == "hello from large"
     assert any(c.get("usage") for c in chunks)
     assert "stream" not in fakes.scripts["large"].received[-1]  # asked whole, sent as a stream
+
+
+def test_each_request_leaves_a_decision_line_with_the_prompt_hashed_unless_opted_in(
+        router: RouterHandle, fakes: Fakes, tmp_path: Path) -> None:
+    sink = tmp_path / "decisions.jsonl"
+    for s in ("small", "large"):
+        fakes.scripts[s].give_logprobs = True
+    fakes.scripts["small"].logprob = -2.5
+    cfg = fakes.config(escalation={"enabled": True, "on_low_confidence": False, "on_answer": {"min_mean_logprob": -1}},
+                       cache={"enabled": False}, decision_log={"sink": str(sink)})
+    router.write(cfg)
+    eventually(lambda: router.app.state.holder.current.routes["adaptive"].route.decision_log is not None, timeout=10)
+    assert ask(router).status_code == 200
+    line = json.loads(sink.read_text().splitlines()[-1])
+    want = {"route": "adaptive", "tier": "standard", "upstream": "llama-70b", "status": 200, "escalated": True,
+            "escalation_reason": "answer", "answer_logprob": -2.5}
+    assert {k: line[k] for k in want} == want
+    assert 0 <= line["complexity"] <= 1 and 0 <= line["confidence"] <= 1 and line["prompt_tokens"] >= 1
+    assert len(line["prompt_sha256"]) == 64 and "messages" not in line and "hi" not in sink.read_text()
+    cfg["oculis"]["routes"][0]["decision_log"]["include_prompts"] = True
+    router.write(cfg)
+    eventually(lambda: router.app.state.holder.current.routes["adaptive"].route.decision_log.include_prompts,
+               timeout=10)
+    ask(router)
+    line = json.loads(sink.read_text().splitlines()[-1])
+    assert line["messages"] == [{"role": "user", "content": "hi"}]  # a suite line, once outcomes are added
