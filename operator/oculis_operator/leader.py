@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -46,6 +47,7 @@ from typing import Any
 from aiohttp import web
 from kubernetes.aio import client as aclient
 from kubernetes.aio.client.exceptions import ApiException
+from kubernetes.aio.leaderelection import electionconfig
 from kubernetes.aio.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.aio.leaderelection.resourcelock.leaselock import LeaseLock
 
@@ -194,6 +196,12 @@ class WatchedLease(LeaseLock):
         return ok
 
 
+def election_config(timing: Timing, lock: LeaseLock, lead: Any, stopped: Any) -> electionconfig.Config:
+    # The Lease stores whole seconds, and the library turns str(duration) back with int(): "12.0" fails.
+    return electionconfig.Config(lock, math.ceil(timing.lease_duration), timing.renew_deadline,
+                                 timing.retry_period, lead, stopped)
+
+
 def hard_exit(code: int, why: str) -> None:
     """Stop now: no finally blocks, no kopf shutdown that could still write as a leader."""
     log.error(why)
@@ -219,7 +227,7 @@ async def label_pod(settings: Settings, leading: bool) -> None:
 
 async def run(settings: Settings) -> int:
     from kubernetes.aio import config as aconfig
-    from kubernetes.aio.leaderelection import electionconfig, leaderelection
+    from kubernetes.aio.leaderelection import leaderelection
 
     try:
         aconfig.load_incluster_config()  # type: ignore[no-untyped-call]
@@ -270,9 +278,7 @@ async def run(settings: Settings) -> int:
         hard_exit(EXIT_LOST, f"{settings.identity} lost the Lease {settings.lease_namespace}/{settings.lease_name}; "
                              "stopping at once")
 
-    election = leaderelection.LeaderElection(electionconfig.Config(
-        lock, settings.timing.lease_duration, settings.timing.renew_deadline, settings.timing.retry_period,
-        lead, stopped))
+    election = leaderelection.LeaderElection(election_config(settings.timing, lock, lead, stopped))
 
     async def watchdog() -> None:
         while True:
@@ -289,6 +295,10 @@ async def run(settings: Settings) -> int:
     waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait()), asyncio.create_task(kopf_done.wait()),
                                         *tasks]
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for t in tasks:  # the election and the watchdog run forever: one that ended failed
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            exc = t.exception()
+            log.error(f"leader election failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     # Told to stop (our handler, or kopf's own while it ran), or kopf or the election ended by itself.
     # kopf returns when told to stop and raises when it fails; the election never ends by itself.
     clean = stop.is_set() or (kopf_done.is_set() and not failed)

@@ -73,3 +73,25 @@ def test_readiness_reports_leadership() -> None:
     assert leading["/readyz"][1]["reconciling"] is True
     stopping = health(leader.State("a", election_alive=False))
     assert stopping["/healthz"][0] == 503 and stopping["/readyz"][0] == 503
+
+
+def test_the_default_lease_duration_is_one_the_lease_lock_can_write() -> None:
+    # The library writes str(lease_duration) and reads it back with int(): a float "12.0" broke every
+    # acquisition (the candidate exited at once).
+    from kubernetes.aio.leaderelection.leaderelectionrecord import LeaderElectionRecord
+
+    async def go() -> None:
+        from kubernetes.aio import client as aclient
+
+        async with aclient.ApiClient() as api:
+            lock = leader.WatchedLease("l", "ns", "me", api, leader.State("me"))
+
+            async def nothing() -> None:
+                return None
+
+            config = leader.election_config(leader.Timing(), lock, nothing, nothing)
+            now = "2026-12-01 08:00:00.000000"
+            spec = lock.update_lease(LeaderElectionRecord("me", str(config.lease_duration), now, now))
+            assert spec.lease_duration_seconds == 12 and spec.holder_identity == "me"
+
+    asyncio.run(go())
