@@ -76,6 +76,7 @@ class Decision:
     state: State
     metrics_ok: bool  # ScalingActive: the figures were complete and fresh
     shortfall: int = 0  # replicas wanted beyond what the pool can place now
+    wait: str = ""  # the shortfall in stable words (gpu_wait_text), reported once while it lasts
 
 
 def recommend(policy: Policy, sample: Sample, demand: float | None) -> int:
@@ -159,8 +160,9 @@ def _bounded(target: int, reason: str, message: str, state: State, ok: bool, pla
     if target <= cap:
         return Decision(target, reason, message, state, ok)
     short = target - cap
-    return Decision(cap, "WaitingForGPUs", f"{message}; {gpu_wait_text(pool, target, cap)}",
-                    capped_state or state, ok, shortfall=short)
+    wait = gpu_wait_text(pool, target, cap)
+    return Decision(cap, "WaitingForGPUs", f"{message}; {wait}", capped_state or state, ok, shortfall=short,
+                    wait=wait)
 
 
 def gpu_wait_text(pool: str, target: int, cap: int) -> str:

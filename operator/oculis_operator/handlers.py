@@ -22,14 +22,17 @@ import contextlib
 import datetime
 import logging
 import os
+import time
 from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
-from oculis.upstream import Canary, duration_seconds
-from oculis_operator import canary, enginelog, hfconfig, render, rollout, routeconfig, speculative
+from oculis import gpus
+from oculis.upstream import GPU, Autoscaling, Canary, duration_or_zero_seconds, duration_seconds
+from oculis_operator import autoscale, canary, enginelog, hfconfig, render, rollout, routeconfig, speculative
 from oculis_operator import reconcile as core
 from oculis_operator.admission import admission_verdict, admission_warning
 from oculis_operator.api_errors import api_error_line, going_away
@@ -42,6 +45,9 @@ WEBHOOK_PORT = os.environ.get("OCULIS_WEBHOOK_PORT")
 RECHECK_SECONDS = float(os.environ.get("OCULIS_RECHECK_SECONDS", "10"))
 # Where the engines' vllm:cache_config_info is scraped, to compare the KV plan with what vLLM got; unset: no check.
 PROMETHEUS_URL = os.environ.get("OCULIS_PROMETHEUS_URL", "")
+# The window over which the router's demand for an upstream is counted (a request in it wakes an upstream
+# at zero and keeps one from counting as idle).
+AUTOSCALE_DEMAND_WINDOW_SECONDS = float(os.environ.get("OCULIS_AUTOSCALE_DEMAND_WINDOW_SECONDS", "60"))
 # The speculative-decoding guard's window: acceptance is judged over this many seconds.
 SPECULATIVE_WINDOW_SECONDS = int(os.environ.get("OCULIS_SPECULATIVE_WINDOW_SECONDS", "300"))
 WAITING_REASONS = {"SecretNotFound", "SecretKeyMissing"}
@@ -303,6 +309,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     cdep = kube.canary_deployment(ns, name) if wants_canary else None
     samples = read_canary(ns, name, spec, status.get("canary") or {}) if (
         cdep is not None and rollout.progress(cdep).complete) else None
+    scaled = None if external else _autoscale(kube, spec, status, dep, ns, name)
     obs = core.Observed(
         name=name, namespace=ns, uid=meta["uid"], generation=meta.get("generation", 1), spec=spec, status=status,
         deployment=dep,
@@ -313,7 +320,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         service=service, pdb=pdb, model_config_text=config_text, model_config_problem=config_problem,
         observed_kv_blocks=enginelog.prometheus_kv_blocks(PROMETHEUS_URL, ns, name) if dep is not None else None,
         speculation=speculation, speculative_window_s=SPECULATIVE_WINDOW_SECONDS,
-        canary_deployment=cdep, canary_samples=samples,
+        canary_deployment=cdep, canary_samples=samples, autoscale=scaled,
     )
 
     def spare(product: str) -> int:
@@ -340,7 +347,9 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     canary_open = (out.status.get("canary") or {}).get("phase") in ("Analyzing", "WaitingForGPUs")
     guard_open = guarded and bool(sp_spec.get("autoDisable")) and bool(PROMETHEUS_URL) and (
         out.status.get("speculative") or {}).get("decision") != "Disabled"
-    if (external and ready.get("reason") in WAITING_REASONS) or awaiting_kv or canary_open or guard_open:
+    # An autoscaled upstream's load moves without any Kubernetes event: evaluated every recheck round.
+    autoscaled = scaled is not None
+    if (external and ready.get("reason") in WAITING_REASONS) or awaiting_kv or canary_open or guard_open or autoscaled:
         kube.recheck.add((ns, name))
     else:
         kube.recheck.discard((ns, name))
@@ -398,6 +407,40 @@ def read_canary(namespace: str, name: str, spec: dict[str, Any],
                                   for k, q in canary.queries(namespace, name, track, window).items()})
             for track in ("canary", "stable")}
     return read["canary"], read["stable"]
+
+
+def _autoscale(kube: Kube, spec: dict[str, Any], status: dict[str, Any], dep: dict[str, Any] | None, ns: str,
+               name: str) -> autoscale.Decision | None:
+    """spec.autoscaling: read the engines' metrics, the router's demand and the pool's free GPUs, then
+    decide (autoscale.decide). None when the spec has no (valid) autoscaling block or GPU."""
+    try:
+        auto = Autoscaling.model_validate(spec["autoscaling"]) if spec.get("autoscaling") else None
+        gpu = GPU.model_validate(spec["gpu"]) if spec.get("gpu") else None
+    except ValidationError:
+        return None  # the reconcile reports the invalid spec
+    if auto is None or gpu is None:
+        return None
+    policy = autoscale.Policy(
+        min_replicas=auto.min_replicas, max_replicas=auto.max_replicas,
+        waiting_per_replica=auto.targets.waiting_per_replica, kv_cache_usage=auto.targets.kv_cache_usage,
+        scale_up_stabilization_s=duration_or_zero_seconds(auto.scale_up_stabilization),
+        scale_down_delay_s=duration_or_zero_seconds(auto.scale_down_delay),
+        scale_to_zero_after_s=duration_seconds(auto.scale_to_zero_after))
+    replicas = spec.get("replicas")
+    current = int((dep or {}).get("spec", {}).get("replicas", 1)) if dep is not None else (
+        int(replicas) if replicas is not None else max(1, auto.min_replicas))
+    ready = int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
+
+    def query(q: str) -> list[dict[str, Any]] | None:
+        return enginelog.prometheus_result(PROMETHEUS_URL, q)
+
+    gfd = gpus.lookup(gpu.product).gfd_product
+    nodes, pods = kube.gpu_nodes_and_pods(gfd)
+    return autoscale.decide(
+        policy, current, ready, autoscale.sample_from(query, ns, name) if dep is not None else None,
+        autoscale.demand_from(query, ns, name, AUTOSCALE_DEMAND_WINDOW_SECONDS),
+        autoscale.state_from_status(status.get("autoscaling")), time.time(),
+        autoscale.placeable_replicas(nodes, pods, gfd, gpu.count, current), pool=gpu.product)
 
 
 def _only_status_moved(type: str | None, body: kopf.Body) -> bool:

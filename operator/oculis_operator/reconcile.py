@@ -22,7 +22,18 @@ from oculis import gpus
 from oculis.base import format_errors
 from oculis.router import PROVIDER_URLS
 from oculis.upstream import DNS_1035, MAX_NAME, Canary, Engine, GPUUpstreamSpec
-from oculis_operator import canary, capacity, catalog, drift, engine_args, hfconfig, render, rollout, speculative
+from oculis_operator import (
+    autoscale,
+    canary,
+    capacity,
+    catalog,
+    drift,
+    engine_args,
+    hfconfig,
+    render,
+    rollout,
+    speculative,
+)
 from oculis_operator.conditions import Conditions
 
 
@@ -52,6 +63,8 @@ class Observed:
     # The canary Deployment (<name>-vllm-canary) and, when an interval was due, (canary, stable) figures
     canary_deployment: dict[str, Any] | None = None
     canary_samples: tuple[canary.Sample | None, canary.Sample | None] | None = None
+    # spec.autoscaling: the shell's decision (autoscale.decide) from metrics, router demand and the pool
+    autoscale: autoscale.Decision | None = None
 
 
 @dataclass
@@ -143,6 +156,13 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
     status["gpu"] = f"{spec.gpu.product} x{spec.gpu.count}"
     status["endpoint"] = render.endpoint(obs.name, obs.namespace)
     guard_warnings: list[tuple[str, str]] = []
+    scaled = obs.autoscale if spec.autoscaling is not None else None
+    if scaled is not None:
+        # The decision sets the Deployment's replicas only; spec.replicas stays the user's.
+        spec = spec.model_copy(update={"replicas": scaled.desired})
+        status["autoscaling"] = autoscale.to_status(scaled)
+        conds.set("ScalingActive", *(("True", "MetricsAvailable", scaled.message) if scaled.metrics_ok
+                                     else ("False", scaled.reason, scaled.message)))
     spec = _speculation_guard(obs, spec, conds, status, now, guard_warnings)
     assert spec.gpu is not None
     verdict = check(spec, obs.model_config_text, obs.model_config_problem)
@@ -234,6 +254,10 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
         # Never Ready while a live object differs from what we own; the next reconcile sees the revert.
         conds.set("Ready", "False", "DriftReverted", f"hand edits reverted ({'; '.join(reverted)}); waiting for the "
                   "live objects to match the spec again")
+    if scaled is not None and scaled.wait:
+        # A scale-up the pool cannot place: asked for what fits, the rest reported (once: stable words).
+        conds.set("Progressing", "True", "WaitingForGPUs", scaled.wait)
+        out.warnings.append(("WaitingForGPUs", scaled.wait))
     if not done and pool is not None:
         problem = unhostable(spec, pool(product.gfd_product))
         if problem:
