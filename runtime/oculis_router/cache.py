@@ -178,6 +178,7 @@ class RedisStore:
             raw = await self._redis.get(key)
         except self._errors as exc:
             self._unavailable(exc)
+            await drop_idle(self._redis)
             return None
         return None if raw is None else json.loads(raw)
 
@@ -186,6 +187,7 @@ class RedisStore:
             await self._redis.set(key, json.dumps(value), ex=self._ttl)
         except self._errors as exc:
             self._unavailable(exc)
+            await drop_idle(self._redis)
 
     async def close(self) -> None:
         if self._owned:
@@ -196,6 +198,14 @@ def new_redis_client(url: str) -> Any:
     import redis.asyncio as redis
 
     return redis.from_url(url, socket_timeout=RedisStore.TIMEOUT_S, socket_connect_timeout=RedisStore.TIMEOUT_S)
+
+
+async def drop_idle(client: Any) -> None:
+    """After a failed call, close the pool's idle connections: when Redis restarted they are all dead
+    (CLOSE_WAIT), and a pool only finds that out for the few it hands out again, so the rest stayed
+    open for good (bench/soak.py saw the fds grow by the pool's peak size at each restart)."""
+    with contextlib.suppress(Exception):
+        await client.connection_pool.disconnect(inuse_connections=False)
 
 
 def sse_from_response(resp: dict[str, Any], endpoint: str = "chat", include_usage: bool = True) -> list[bytes]:

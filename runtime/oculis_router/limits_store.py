@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from oculis.router import Pricing, Route, ServerSettings
 from oculis_router import limits as L
+from oculis_router.cache import drop_idle
 from oculis_router.usage import Usage
 
 log = logging.getLogger("oculis.router")
@@ -183,7 +184,11 @@ class RedisBackend:
         args: list[Any] = []
         for c, a in zip(counters, amounts, strict=True):
             args += [c.slot, c.oldest, repr(c.limit), repr(a), c.ttl_s]
-        admitted, states = await self._reserve(keys=[c.key for c in counters], args=args)
+        try:
+            admitted, states = await self._reserve(keys=[c.key for c in counters], args=args)
+        except self.errors:
+            await drop_idle(self._redis)  # a restarted Redis left every idle connection dead
+            raise
         if int(admitted):  # {total, newest slot}: one slice standing for all, as far as headers go
             return True, [{int(newest): float(total)} if float(total) > 0 else {} for total, newest in states]
         return False, [{int(flat[j]): float(flat[j + 1]) for j in range(0, len(flat), 2)} for flat in states]
@@ -192,7 +197,11 @@ class RedisBackend:
         args: list[Any] = []
         for c, d in zip(counters, deltas, strict=True):
             args += [c.slot, repr(d), c.oldest]
-        totals = await self._settle(keys=[c.key for c in counters], args=args)
+        try:
+            totals = await self._settle(keys=[c.key for c in counters], args=args)
+        except self.errors:
+            await drop_idle(self._redis)
+            raise
         return [float(t) for t in totals]
 
     async def close(self) -> None:

@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -97,6 +98,55 @@ def test_cache_reloads_do_not_pile_up_redis_connections(fakes: Any, tmp_path: Pa
                 client.chat.completions.create(model="adaptive", temperature=0,
                                                messages=[{"role": "user", "content": f"hi {ttl}"}])
             assert clients() <= 2, f"{clients()} Redis connections after 8 reloads"
+    finally:
+        redis.terminate()
+        redis.wait(10)
+
+
+def _close_wait_to(port: int) -> int:
+    """Sockets of this machine in CLOSE_WAIT towards `port` (the peer closed, we did not)."""
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for r in rows if int(r.split()[2].split(":")[1], 16) == port and r.split()[3] == "08")
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_a_redis_restart_leaves_no_dead_connections_open(fakes: Any, tmp_path: Path) -> None:
+    """A pool grown by concurrent requests kept every idle connection a restarted Redis had closed
+    (CLOSE_WAIT) for good: it only notices the few it hands out again."""
+    port = free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(tmp_path)]
+
+    def up() -> subprocess.Popen[bytes]:
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        eventually(lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
+                                          text=True).stdout.strip() == "PONG")
+        return p
+
+    redis = up()
+    try:
+        path = tmp_path / "oculis-config.yaml"
+        cfg = fakes.config()
+        cfg["oculis"]["server"] = {"cache_backend": "redis", "redis_url": f"redis://127.0.0.1:{port}/0",
+                                   "limits": {"requests_per_minute": 100000}}
+        path.write_text(yaml.safe_dump(cfg))
+        fakes.scripts["small"].reply_delay = 0.3  # concurrent requests: the pools grow
+        with Server(build_app(config_path=path)) as server:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-client", max_retries=0)
+
+            def ask(i: int) -> None:
+                client.chat.completions.create(model="adaptive", temperature=0,
+                                               messages=[{"role": "user", "content": f"hello {i}"}])
+
+            with ThreadPoolExecutor(12) as pool:
+                list(pool.map(ask, range(24)))
+            redis.terminate()
+            redis.wait(10)
+            redis = up()
+            fakes.scripts["small"].reply_delay = 0
+            for i in range(30, 36):
+                ask(i)
+            assert eventually(lambda: _close_wait_to(port) == 0, timeout=5, what="CLOSE_WAIT sockets to Redis")
     finally:
         redis.terminate()
         redis.wait(10)
