@@ -95,7 +95,7 @@ def run_fit(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             base = classify.load_head_file(Path(args.base))
         weak, strong = np.array(weak_l), np.array(strong_l)
         if args.penalty is not None and not args.penalty > 0:
-            raise FitInputError(f"--penalty {args.penalty}: must be a positive number, e.g. 3e-5")
+            raise FitInputError(f"--penalty {args.penalty}: must be a positive number, e.g. 0.013")
         if len(payloads) < hf.MIN_ROWS:
             raise FitInputError(f"--suite {args.suite}: {len(payloads)} labelled prompts; a fit needs at least "
                                 f"{hf.MIN_ROWS} (a few hundred to see a gain)")
