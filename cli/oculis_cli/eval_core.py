@@ -125,14 +125,20 @@ class Result:
     baseline_correct: bool  # the strongest tier's answer
 
 
-def offline_result(item: Item, tier: str, upstream: str, escalated: bool, strongest_upstream: str) -> Result:
-    """The routed tier's and the strongest tier's outcome from the suite line itself."""
+def offline_result(item: Item, tier: str, upstream: str, escalated: bool, strongest_upstream: str,
+                   strongest_tier: str = "") -> Result:
+    """The routed tier's and the strongest tier's outcome from the suite line itself, keyed by upstream
+    (as ../shared/data/routing is, per model) or else by tier name."""
     outcomes = item.outcomes or {}
-    for up, role in ((upstream, f"tier {tier}"), (strongest_upstream, "the strongest tier")):
-        if up not in outcomes:
+    found = []
+    wanted = ((upstream, tier, f"tier {tier}"), (strongest_upstream, strongest_tier, "the strongest tier"))
+    for up, name, role in wanted:
+        key = up if up in outcomes else name if name in outcomes else None
+        if key is None:
             raise SuiteLineError(f"line {item.lineno}: outcomes has no entry for upstream {up} ({role}); add "
                                  f"\"{up}\": true|false")
-    return Result(tier, escalated, outcomes[upstream], outcomes[strongest_upstream])
+        found.append(outcomes[key])
+    return Result(tier, escalated, found[0], found[1])
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,8 @@ def offline_results(route: Route, items: list[core.Item]) -> tuple[list[core.Res
     for item in items:
         try:
             _, d = scorer.score(item.payload)
-            results.append(core.offline_result(item, d.tier.name, d.tier.upstream, d.escalated, strongest))
+            results.append(core.offline_result(item, d.tier.name, d.tier.upstream, d.escalated, strongest,
+                                               route.tiers[-1].name))
         except core.SuiteLineError as exc:
             errors.append(str(exc))
         except (ValueError, TypeError) as exc:

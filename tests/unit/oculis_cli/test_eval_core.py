@@ -162,3 +162,12 @@ def test_unknown_route_and_missing_suite_are_one_line(tmp_path: Path, capsys: py
     assert main(["eval", "run", "--config", str(seed), "--route", "adaptive", "--suite", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "cannot read --suite" in err and len(err.strip().splitlines()) == 1
+
+
+def test_offline_outcomes_may_be_keyed_by_upstream_or_by_tier() -> None:
+    by_tier = core.parse_line(1, json.dumps({"prompt": "q", "outcomes": {"cheap": False, "strong": True}}), True)
+    assert core.offline_result(by_tier, "cheap", "mixtral", False, "gpt4", "strong") == core.Result(
+        "cheap", False, False, True)
+    by_upstream = core.parse_line(2, json.dumps({"prompt": "q", "outcomes": {"mixtral": True, "gpt4": False}}), True)
+    assert core.offline_result(by_upstream, "cheap", "mixtral", True, "gpt4", "strong") == core.Result(
+        "cheap", True, True, False)
