@@ -105,3 +105,13 @@ def test_windows_from_since_or_from_to() -> None:
         parse_time("2026-11-24T00:00:00", "--from")
     with pytest.raises(ValueError, match="--from 'yesterday' is not an RFC 3339"):
         parse_time("yesterday", "--from")
+
+
+def test_the_seed_examples_monthly_figure_is_scaled_by_the_window_shown() -> None:
+    # The design's example: simple 412,884 requests at $0.0002 = $82.58 in the window, printed with
+    # `--since 7d` but est_monthly $247.73 (x 3, a 10-day window). With 7 days it is x 30/7.
+    c = Counters(requests={("adaptive", "simple", "llama-8b", "ok"): 412_884}, cost={"llama-8b": 412_884 * 0.0002})
+    simple = table(ROUTE, c, PRICING, 7 * DAY)["tiers"][0]
+    assert round(simple["cost"], 2) == 82.58 and simple["avg_cost"] == pytest.approx(0.0002)
+    assert simple["est_monthly"] == 353.9 and simple["est_monthly"] != 247.73
+    assert table(ROUTE, c, PRICING, 10 * DAY)["tiers"][0]["est_monthly"] == 247.73
