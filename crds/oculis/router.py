@@ -88,6 +88,9 @@ class Upstream(Model):
         description="Deprecated: the old name of timeouts.first_byte_seconds (it never capped a whole stream)")
     anthropic_version: str = Field("2023-06-01", description="Anthropic: the anthropic-version header")
     default_max_tokens: int = Field(1024, ge=1, description="Anthropic: max_tokens when the request sets none")
+    scaled_to_zero: bool = Field(False, description="Rendered by the operator for an autoscaled upstream with no "
+                                 "replica: a route's tier on it applies the route's cold_start (its demand is "
+                                 "counted, which wakes it)")
 
     @model_validator(mode="after")
     def _reachable(self) -> Upstream:
@@ -331,6 +334,12 @@ class RouteBody(Model):
     """Other limits or budget for some tenants or keys; the first that matches applies (then server.limit_overrides)"""
     decision_log: DecisionLog | None = None
     """Log each request's routing decision and outcome as a JSON line (unset: not logged)"""
+    cold_start: Literal["escalate", "wait", "fail"] = Field(
+        "escalate", description="A request whose tier's upstream is scaled to zero (it is woken either way): "
+        "escalate (the next tier whose upstream serves answers it; the product's default), wait (held up to "
+        "coldStartWaitSeconds for the upstream, then 503) or fail (503 at once, with Retry-After)")
+    cold_start_wait_seconds: float = Field(60, gt=0, le=600, allow_inf_nan=False)
+    """coldStart wait: how long a request is held for a woken upstream before the 503"""
 
     @model_validator(mode="after")
     def _tiers_are_usable(self) -> RouteBody:

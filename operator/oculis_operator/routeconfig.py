@@ -109,6 +109,11 @@ def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] 
     if spec["provider"] == "vllm":
         entry["base_url"] = render.endpoint(name, meta["namespace"])
         entry["revision"] = status.get("engineHash") or "pending"
+        # The router must know, to apply the route's coldStart instead of a doomed connection attempt:
+        # scaled to zero, or autoscaled and waking (replicas asked for, none ready yet).
+        waking = bool(spec.get("autoscaling")) and not (status.get("readyReplicas") or 0)
+        if upstream_state(obj) == SCALED_TO_ZERO or waking:
+            entry["scaled_to_zero"] = True
     else:
         if spec.get("baseURL"):
             entry["base_url"] = spec["baseURL"]

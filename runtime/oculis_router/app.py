@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from starlette.routing import Route as HTTPRoute
 from oculis import RouterConfig, Timeouts, Upstream
 from oculis_router import answer_check as answers
 from oculis_router import cache as rcache
+from oculis_router import decide
 from oculis_router.decisionlog import DecisionSink
 from oculis_router.decisionlog import entry as decision_entry
 from oculis_router.errors import APIError, bad_request
@@ -42,6 +43,7 @@ from oculis_router.usage import Usage, cost_dollars
 # Proxies (nginx ingress, CDNs) buffer or cache responses unless told not to; a stream must flow.
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 WATCH_CLIENT_AFTER_S = 0.25  # non-streamed answers slower than this are cancelled if the client leaves
+COLD_START_POLL_S = 0.25  # how often a request held by cold_start: wait looks for a reloaded config
 log = logging.getLogger("oculis.router")
 INTERNAL = APIError(500, "internal router error (logged by the router)", type_="server_error", code="internal")
 
@@ -59,6 +61,27 @@ class Plan:
     timeouts: list[Timeouts | None] = field(default_factory=list)  # per tier: overrides of its upstream's
     prompt_tokens: int | None = None  # the classifier's count (None: not classified), for rate limits
     confidence: float | None = None  # the classifier's (None: not classified), for the decision log
+    cold_start: str = ""  # what the route's cold_start did (x-oculis-cold-start): escalated or waited
+
+
+class ColdStartError(APIError):
+    """A 503 for a tier whose upstream is scaled to zero (cold_start fail, or wait past its bound), with
+    Retry-After and x-oculis-cold-start saying which."""
+
+    def __init__(self, message: str, action: str, retry_after: float, upstream: str) -> None:
+        super().__init__(503, message, type_="service_unavailable", code=f"cold_start_{action}")
+        self.headers = {"retry-after": str(max(1, round(retry_after))), "x-oculis-cold-start": action,
+                        "x-oculis-upstream": upstream}
+
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        return super().response({**self.headers, **(headers or {})})
+
+
+def _pick(plan: Plan, order: tuple[int, ...], action: str = "") -> Plan:
+    """The plan with only the tiers at `order` (positions in its tier list)."""
+    return replace(plan, tiers=[plan.tiers[i] for i in order], tier_names=[plan.tier_names[i] for i in order],
+                   timeouts=[plan.timeouts[i] for i in order] if plan.timeouts else [],
+                   escalated=plan.escalated or (bool(order) and order[0] > 0), cold_start=action or plan.cold_start)
 
 
 def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: str = "chat") -> Plan:
@@ -150,7 +173,39 @@ class Router:
             h["x-oculis-route"] = plan.route.route.name
         if plan.complexity is not None:
             h["x-oculis-complexity"] = f"{plan.complexity:.4f}"
+        if plan.cold_start:
+            h["x-oculis-cold-start"] = plan.cold_start
         return h
+
+    async def cold_start(self, plan: Plan, route_label: str) -> Plan:
+        """Count the demand for the first tier's upstream (it wakes one at zero), then apply the route's
+        cold_start to tiers whose upstream is scaled to zero (decide.cold_start)."""
+        first = plan.tiers[0]
+        self.metrics.upstream_demand.labels(first.name).inc()
+        route = plan.route.route if plan.route else None
+        cs = decide.cold_start([u.scaled_to_zero for u in plan.tiers], route.cold_start if route else "wait")
+        if cs.action == "none":
+            return plan if len(cs.order) == len(plan.tiers) else _pick(plan, cs.order)
+        if cs.action == "escalated":
+            self.metrics.cold_starts.labels(route_label, first.name, "escalated").inc()
+            return _pick(plan, cs.order, "escalated")
+        wait_s = route.cold_start_wait_seconds if route else 60.0
+        if cs.action == "fail":
+            self.metrics.cold_starts.labels(route_label, first.name, "failed").inc()
+            raise ColdStartError(f"upstream {first.name!r} is scaled to zero and is being woken (route cold_start: "
+                                 "fail); retry after Retry-After, or set coldStart: escalate to have the next tier "
+                                 "answer meanwhile", "failed", wait_s, first.name)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(COLD_START_POLL_S)
+            up = self.holder.current.upstreams.get(first.name)
+            if up is not None and not up.scaled_to_zero:  # the reloaded config says a replica serves
+                self.metrics.cold_starts.labels(route_label, first.name, "waited").inc()
+                return replace(plan, tiers=[up, *plan.tiers[1:]], cold_start="waited")
+        self.metrics.cold_starts.labels(route_label, first.name, "timeout").inc()
+        raise ColdStartError(f"upstream {first.name!r} is scaled to zero and no replica served within "
+                             f"cold_start_wait_seconds ({wait_s:g} s); it is being woken: retry later, or set "
+                             "coldStart: escalate", "timeout", wait_s, first.name)
 
     async def handle(self, request: Request, endpoint: str) -> Response:
         rt = self.holder.current  # this request's config snapshot, whatever reloads happen meanwhile
@@ -165,6 +220,7 @@ class Router:
             body = check_body(body, endpoint, rt.config.server.max_messages)
             plan = plan_request(rt, body, self.metrics, endpoint)
             route_label = body["model"]
+            plan = await self.cold_start(plan, route_label)
             # Admission: after the plan (its prompt count and tiers' prices), before the cache and upstream.
             hold = None if rt.limiter is None else await rt.limiter.admit(
                 rt.config.server, plan.route.route if plan.route else None, route_label,

@@ -123,3 +123,24 @@ class RouteScorer:
         else:
             raise ValueError("expected `prompt` (string) or `messages` (list)")
         return c, choose_tier(self.route, c, modalities_of(payload), skip)
+
+
+@dataclass(frozen=True, slots=True)
+class ColdStart:
+    """What a request does about tiers whose upstream is scaled to zero (route `cold_start`)."""
+
+    action: str  # "none" (first tier serves), "escalated", "wait", "fail"
+    order: tuple[int, ...]  # positions in the planned tier list to try, in order
+
+
+def cold_start(scaled_to_zero: list[bool], mode: str) -> ColdStart:
+    """`scaled_to_zero[i]`: the i-th planned tier's upstream has no replica. escalate: the tiers that
+    serve, in order (a later tier at zero would only fail its connection); with none left it waits,
+    since answering nothing at once helps nobody. wait/fail: about the first tier only."""
+    every = tuple(range(len(scaled_to_zero)))
+    if not scaled_to_zero or not scaled_to_zero[0]:
+        return ColdStart("none", tuple(i for i in every if not scaled_to_zero[i]) or every)
+    if mode == "escalate":
+        serving = tuple(i for i in every if not scaled_to_zero[i])
+        return ColdStart("escalated", serving) if serving else ColdStart("wait", every)
+    return ColdStart("fail" if mode == "fail" else "wait", every)

@@ -39,3 +39,10 @@ class Metrics:
         self.ttft = Histogram("oculis_upstream_ttft_seconds", "Time to first streamed byte from the upstream",
                               ["upstream"], registry=r, buckets=LATENCY_BUCKETS)
         self.reloads = Counter("oculis_config_reloads", "Configuration reloads", ["result"], registry=r)
+        # Requests whose first tier is this upstream, answered there or not (escalated or held while it is
+        # at zero too): the operator's autoscaler reads it to wake an upstream and to tell idle from unknown.
+        self.upstream_demand = Counter("oculis_upstream_demand", "Requests planned for an upstream (its first "
+                                       "tier), whatever happened next", ["upstream"], registry=r)
+        self.cold_starts = Counter("oculis_cold_starts", "Requests whose tier's upstream was scaled to zero, by what "
+                                   "the route's cold_start did: escalated, waited (then served), timeout, failed",
+                                   ["route", "upstream", "action"], registry=r)

@@ -60,3 +60,21 @@ def test_decision_is_ignored_without_spec_autoscaling() -> None:
     d = Decision(3, "ScaleUp", "m", State(), True)
     out = reconcile(Observed("x", "ns", "uid", 1, plain, {}, running(1), autoscale=d), lambda p: 8, "t")
     assert out.deployment_patch is None and "autoscaling" not in out.status
+
+
+def test_router_config_marks_an_upstream_with_no_ready_replica_as_scaled_to_zero() -> None:
+    from oculis_operator.routeconfig import upstream_entry
+
+    def obj(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"name": "x", "namespace": "ns", "generation": 1}, "spec": spec, "status": status}
+
+    zero = {"readyReplicas": 0, "conditions": [{"type": "Ready", "status": "False", "reason": "ScaledToZero"}]}
+    waking = {"readyReplicas": 0, "conditions": [{"type": "Ready", "status": "False", "reason": "RollingUpdate"},
+                                                 {"type": "Progressing", "status": "True", "reason": "RollingUpdate"}]}
+    serving = {"readyReplicas": 1, "conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}]}
+    plain = {k: v for k, v in SPEC.items() if k != "autoscaling"}
+    assert upstream_entry(obj(SPEC, zero))[0]["scaled_to_zero"] is True
+    assert upstream_entry(obj(plain, zero))[0]["scaled_to_zero"] is True  # spec.replicas 0 too
+    assert upstream_entry(obj(SPEC, waking))[0]["scaled_to_zero"] is True  # woken, no replica serves yet
+    assert "scaled_to_zero" not in upstream_entry(obj(SPEC, serving))[0]
+    assert "scaled_to_zero" not in upstream_entry(obj(plain, waking))[0]  # a rollout: routes fail over as before

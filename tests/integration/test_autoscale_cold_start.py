@@ -1,0 +1,96 @@
+"""A route's tier on an upstream scaled to zero (the operator renders `scaled_to_zero: true`): the
+router counts the demand (which wakes it) and applies the route's cold_start, saying which in a header
+and a metric."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+from e2e_support import eventually
+from prometheus_client import generate_latest
+from router_support import Fakes, RouterHandle
+
+
+def use(router: RouterHandle, fakes: Fakes, small_at_zero: bool, **route: Any) -> None:
+    cfg = fakes.config(escalation={"enabled": True, "on_low_confidence": False}, cache={"enabled": False}, **route)
+    for up in cfg["oculis"]["upstreams"]:
+        if up["name"] == "llama-8b":
+            up["scaled_to_zero"] = small_at_zero
+    router.write(cfg)
+
+    def applied() -> bool:
+        rt = router.app.state.holder.current
+        return (rt.upstreams["llama-8b"].scaled_to_zero == small_at_zero
+                and rt.routes["adaptive"].route.cold_start == route.get("cold_start", "escalate")
+                and rt.routes["adaptive"].route.cold_start_wait_seconds == route.get("cold_start_wait_seconds", 60))
+
+    eventually(applied, timeout=10, what="the config applied")
+
+
+def ask(router: RouterHandle) -> httpx.Response:
+    # "hi" scores simple: the llama-8b tier first, then llama-70b.
+    return httpx.post(router.server.url + "/v1/chat/completions", timeout=30,
+                      json={"model": "adaptive", "messages": [{"role": "user", "content": "hi"}]})
+
+
+def metrics(router: RouterHandle) -> str:
+    return generate_latest(router.app.state.metrics.registry).decode()
+
+
+def test_cold_start_escalate_answers_from_the_next_serving_tier_and_counts_the_demand(
+        router: RouterHandle, fakes: Fakes) -> None:
+    use(router, fakes, True)
+    before = len(fakes.scripts["small"].received)
+    r = ask(router)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "hello from large"
+    assert (r.headers["x-oculis-cold-start"], r.headers["x-oculis-upstream"]) == ("escalated", "llama-70b")
+    assert r.headers["x-oculis-escalated"] == "true"
+    assert len(fakes.scripts["small"].received) == before  # no doomed call to the upstream at zero
+    m = metrics(router)
+    assert 'oculis_upstream_demand_total{upstream="llama-8b"} 1.0' in m  # the wake signal
+    assert 'oculis_cold_starts_total{action="escalated",route="adaptive",upstream="llama-8b"} 1.0' in m
+    # Not a classifier escalation: the drift alarm must not read cold starts as drift.
+    assert 'oculis_escalations_total{reason="low_confidence"' not in m
+
+
+def test_cold_start_fail_is_a_503_at_once_with_retry_after(router: RouterHandle, fakes: Fakes) -> None:
+    use(router, fakes, True, cold_start="fail", cold_start_wait_seconds=20)
+    r = ask(router)
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "cold_start_failed" and "scaled to zero" in r.json()["error"]["message"]
+    assert (r.headers["x-oculis-cold-start"], r.headers["retry-after"]) == ("failed", "20")
+    assert 'oculis_cold_starts_total{action="failed",route="adaptive",upstream="llama-8b"} 1.0' in metrics(router)
+
+
+def test_cold_start_wait_holds_until_the_upstream_serves(router: RouterHandle, fakes: Fakes) -> None:
+    use(router, fakes, True, cold_start="wait", cold_start_wait_seconds=20)
+    woken = fakes.config(escalation={"enabled": True, "on_low_confidence": False}, cache={"enabled": False},
+                         cold_start="wait", cold_start_wait_seconds=20)
+    # The operator re-renders the config once a replica is ready.
+    timer = threading.Timer(1.0, router.write, args=(woken,))
+    timer.start()
+    t0 = time.monotonic()
+    r = ask(router)
+    timer.join()
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "hello from small"
+    assert r.headers["x-oculis-cold-start"] == "waited" and time.monotonic() - t0 >= 0.9
+    assert 'oculis_cold_starts_total{action="waited",route="adaptive",upstream="llama-8b"} 1.0' in metrics(router)
+
+
+def test_cold_start_wait_gives_a_clear_503_after_its_bound(router: RouterHandle, fakes: Fakes) -> None:
+    use(router, fakes, True, cold_start="wait", cold_start_wait_seconds=0.5)
+    r = ask(router)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "cold_start_timeout"
+    assert "0.5 s" in r.json()["error"]["message"] and r.headers["x-oculis-cold-start"] == "timeout"
+
+
+def test_serving_upstream_gets_no_cold_start_header(router: RouterHandle, fakes: Fakes) -> None:
+    use(router, fakes, False)
+    r = ask(router)
+    assert r.status_code == 200 and "x-oculis-cold-start" not in r.headers
+    assert 'oculis_upstream_demand_total{upstream="llama-8b"} 1.0' in metrics(router)
