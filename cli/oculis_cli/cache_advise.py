@@ -120,7 +120,11 @@ def _one(catalog: Catalog, name: str, given: core.Multipliers | None, c: Any) ->
     pricing = catalog.pricing[name]
     m = given or core.multipliers_from_pricing(pricing, name)
     obs = core.Observed(c.prompt_tokens.get(name, 0.0), c.cached_tokens.get(name, 0.0), None)
-    return core.advise(name, m, obs, pricing.input_per_mtok)
+    out = core.advise(name, m, obs, pricing.input_per_mtok)
+    up = next(u for u in catalog.config.upstreams if u.name == name)
+    if up.provider == "anthropic":  # a TTL to choose: say which one the observed reuse pays for
+        out |= core.recommend_ttl(m.read, out.get("hits_per_write"))
+    return out
 
 
 def emit(rep: dict[str, Any], fmt: str, stdout: TextIO) -> int:
@@ -142,5 +146,8 @@ def emit(rep: dict[str, Any], fmt: str, stdout: TextIO) -> int:
     out.table(None, cols, rows, stdout, right=cols[1:7])
     for u in ups:
         out.line(f"{u['upstream']}: {u['reason']} (w, r from {u['multipliers_from']})", stdout)
+        if "recommended_ttl" in u:
+            out.line(f"{u['upstream']}: prompt_cache.ttl {u['recommended_ttl'] or '(no reuse measured)'} "
+                     f"(break-even 5m {u['break_even_by_ttl']['5m']}, 1h {u['break_even_by_ttl']['1h']})", stdout)
     out.line("rule: caching pays when hits per write h > (w - 1) / (1 - r)", stdout)
     return 0

@@ -39,7 +39,8 @@ class World:
     tiers: Counter[str]  # X-Oculis-Tier of every answer the route gave
     hits: int  # answers served from the response cache
     upstream_calls: Counter[str]  # answers that reached each upstream
-    cost_metric: float
+    cost_metric: float  # sum(oculis_cost_dollars_total), every upstream
+    route_cost: float  # the upstreams of route adaptive (claude serves only via-claude)
 
 
 def _prompts() -> list[str]:
@@ -60,6 +61,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     for s in fakes.servers.values():
         s.__enter__()
     fakes.scripts["frontier"].cached_tokens = 4  # 4 of gpt-4o's 10 prompt tokens come from its prompt cache
+    fakes.scripts["claude"].cached_tokens = 20  # cache reads on top of Claude's input tokens (Anthropic's usage)
     cfg = tmp / "oculis-config.yaml"
     cfg.write_text(yaml.safe_dump(fakes.config()))
     router, url, mport = start_router(cfg, tmp / "router.log")
@@ -87,6 +89,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                     hits += 1
                 else:
                     calls[r.headers["x-oculis-upstream"]] += 1
+            for i in range(2):  # another route, on an Anthropic upstream
+                r = client.post(url + "/v1/chat/completions", json={
+                    "model": "via-claude", "messages": [{"role": "user", "content": f"hello {i}"}]})
+                assert r.status_code == 200, r.text
         assert hits == 2 and len(tiers) >= 2, (tiers, hits)  # the burst reaches more than one tier
         with Prometheus(purl) as p:
             deadline = time.monotonic() + 30
@@ -97,8 +103,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 except PromError:  # not answering yet
                     time.sleep(0.3)
             cost = p.scalar("sum(oculis_cost_dollars_total)")
-        assert cost is not None and cost > 0
-        yield World(cfg, purl, tiers, hits, calls, cost)
+            route_cost = p.scalar('sum(oculis_cost_dollars_total{upstream!="claude"})')
+        assert cost is not None and route_cost is not None and cost > route_cost > 0
+        yield World(cfg, purl, tiers, hits, calls, cost, route_cost)
     finally:
         prom.terminate()
         router.terminate()
@@ -122,7 +129,7 @@ def test_route_analyze_since_gives_the_seed_table_from_the_routers_counters(
     tiers = {t["tier"]: t for t in rep["tiers"]}
     assert {k: v["requests"] for k, v in tiers.items() if v["requests"]} == dict(world.tiers)
     assert rep["total"]["requests"] == sum(world.tiers.values())
-    assert rep["total"]["cost"] == pytest.approx(world.cost_metric, rel=1e-6)
+    assert rep["total"]["cost"] == pytest.approx(world.route_cost, rel=1e-6)
     # Every upstream call used 10 prompt and 3 completion tokens (4 of gpt-4o's prompt tokens cached):
     # the baseline re-prices each call's own tokens at gpt-4o's prices; cache hits cost nothing either way.
     own = world.upstream_calls["llama-8b"] + world.upstream_calls["llama-70b"]  # no prompt cache there
@@ -178,6 +185,16 @@ def test_cache_advise_reads_the_cached_token_share(world: World, capsys: pytest.
                                str(world.config), "--prometheus-url", world.prom, "-o", "json",
                                "--write-multiplier", "2", "--read-multiplier", "0.1"])
     assert rep["min_hits"] == 2 and rep["verdict"] == "undetermined"  # >= 0.67 hits per write, break-even 1.11
+
+
+def test_cache_advise_recommends_an_anthropic_ttl(world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    code, rep = _json(capsys, ["cache", "advise", "--upstream", "claude", "--since", "15m", "--config",
+                               str(world.config), "--prometheus-url", world.prom, "-o", "json",
+                               "--write-multiplier", "1.25", "--read-multiplier", "0.1"])
+    assert code == 0 and rep["cache_read_token_share"] > 0, rep
+    assert rep["break_even_by_ttl"] == {"5m": 0.2778, "1h": 1.1111}
+    h = rep["hits_per_write"]
+    assert rep["recommended_ttl"] == ("1h" if h > 1.1111 else "5m" if h > 0.2778 else "none")
 
 
 def test_unreachable_prometheus_and_bad_input_are_one_line(world: World, capsys: pytest.CaptureFixture[str]) -> None:

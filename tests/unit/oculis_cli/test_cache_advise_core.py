@@ -82,3 +82,9 @@ def test_self_hosted_prefix_cache_pays_on_any_reuse_and_reports_the_hit_token_sh
     assert out["prefix_hit_token_share"] == 0.75 and out["verdict"] == "pays"
     assert core.advise_self_hosted("llama", 0, 1000)["verdict"] == "no-reuse"
     assert core.advise_self_hosted("llama", None, None)["verdict"] == "no-traffic"
+
+
+@pytest.mark.parametrize(("h", "ttl"), [(0.2, "none"), (0.5, "5m"), (1.5, "1h"), (None, None)])
+def test_a_ttl_is_recommended_only_when_the_observed_hits_pay_for_its_write(h: float | None, ttl: str | None) -> None:
+    out = core.recommend_ttl(0.1, h)  # Anthropic: break-even 0.278 (5m), 1.111 (1h)
+    assert out["recommended_ttl"] == ttl and out["break_even_by_ttl"] == {"5m": 0.2778, "1h": 1.1111}
