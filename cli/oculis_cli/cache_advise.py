@@ -123,7 +123,8 @@ def _one(catalog: Catalog, name: str, given: core.Multipliers | None, c: Any) ->
     out = core.advise(name, m, obs, pricing.input_per_mtok)
     up = next(u for u in catalog.config.upstreams if u.name == name)
     if up.provider == "anthropic":  # a TTL to choose: say which one the observed reuse pays for
-        out |= core.recommend_ttl(m.read, out.get("hits_per_write"))
+        out |= core.recommend_ttl(m.read, out.get("hits_per_write"),
+                                  exact=not str(out.get("hits_per_write_basis", "")).startswith("lower bound"))
     return out
 
 

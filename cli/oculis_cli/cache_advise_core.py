@@ -145,15 +145,18 @@ def advise_self_hosted(upstream: str, hit_tokens: float | None, query_tokens: fl
 TTL_WRITE_MULTIPLIERS = {"5m": 1.25, "1h": 2.0}
 
 
-def recommend_ttl(read: float, hits_per_write: float | None) -> dict[str, Any]:
+def recommend_ttl(read: float, hits_per_write: float | None, exact: bool = True) -> dict[str, Any]:
     """For a provider with a choice of cache lifetimes: which TTL the observed hits per write pay for.
     Both break-evens use the same read multiplier; the 1-hour write costs more, so it needs more hits
-    (it keeps a prefix across gaps longer than 5 minutes, which these counters cannot see)."""
+    (it keeps a prefix across gaps longer than 5 minutes, which these counters cannot see). `exact`:
+    hits_per_write was measured (cache-write tokens counted), not a lower bound."""
     bes = {ttl: break_even_hits(w, read) for ttl, w in TTL_WRITE_MULTIPLIERS.items()}
     out: dict[str, Any] = {"break_even_by_ttl": {k: None if v is None else round(v, 4) for k, v in bes.items()}}
     if hits_per_write is None:
         out["recommended_ttl"] = None
         return out
     paying = [ttl for ttl, be in bes.items() if be is not None and hits_per_write > be]
-    out["recommended_ttl"] = ("1h" if "1h" in paying else "5m" if "5m" in paying else "none")
+    # A lower bound (no write counter) can show that a TTL pays, never that none does.
+    out["recommended_ttl"] = ("1h" if "1h" in paying else "5m" if "5m" in paying else
+                              "none" if exact else "undetermined")
     return out

@@ -194,7 +194,7 @@ def test_cache_advise_recommends_an_anthropic_ttl(world: World, capsys: pytest.C
     assert code == 0 and rep["cache_read_token_share"] > 0, rep
     assert rep["break_even_by_ttl"] == {"5m": 0.2778, "1h": 1.1111}
     h = rep["hits_per_write"]
-    assert rep["recommended_ttl"] == ("1h" if h > 1.1111 else "5m" if h > 0.2778 else "none")
+    assert rep["recommended_ttl"] == ("1h" if h > 1.1111 else "5m" if h > 0.2778 else "undetermined")
 
 
 def test_unreachable_prometheus_and_bad_input_are_one_line(world: World, capsys: pytest.CaptureFixture[str]) -> None:

@@ -88,3 +88,6 @@ def test_self_hosted_prefix_cache_pays_on_any_reuse_and_reports_the_hit_token_sh
 def test_a_ttl_is_recommended_only_when_the_observed_hits_pay_for_its_write(h: float | None, ttl: str | None) -> None:
     out = core.recommend_ttl(0.1, h)  # Anthropic: break-even 0.278 (5m), 1.111 (1h)
     assert out["recommended_ttl"] == ttl and out["break_even_by_ttl"] == {"5m": 0.2778, "1h": 1.1111}
+
+    assert core.recommend_ttl(0.1, 0.2, exact=False)["recommended_ttl"] == "undetermined"  # only a lower bound
+    assert core.recommend_ttl(0.1, 0.5, exact=False)["recommended_ttl"] == "5m"
