@@ -76,6 +76,21 @@ class RouteClassifier(Classifier):
         return self
 
 
+class ClassifierDriftAlarm(Model):
+    """How the operator watches the classifier against this route's traffic (read from Prometheus: the
+    router's oculis_requests_total by tier and oculis_escalations_total)."""
+
+    short_window: str = Field("15m", pattern=r"^[1-9][0-9]*(s|m|h)$")
+    """The recent window, e.g. 15m"""
+    long_window: str = Field("1d", pattern=r"^[1-9][0-9]*(s|m|h|d)$")
+    """The baseline window before it, e.g. 1d"""
+    factor: float = Field(2.0, gt=1, le=100, allow_inf_nan=False)
+    """ClassifierDrift=True when the short-window escalation rate, or a tier's share, is this many times
+    its baseline (or a share falls below baseline / factor)"""
+    min_requests: int = Field(20, ge=1)
+    """Requests each window needs; fewer: ClassifierDrift=Unknown"""
+
+
 class InferenceRouteSpec(RouteBody):
     """Semantic tiers over GPUUpstreams of this namespace, with escalation and a response cache."""
 
@@ -87,6 +102,9 @@ class InferenceRouteSpec(RouteBody):
 
     config_map: str = Field(DEFAULT_CONFIG_MAP, pattern=NAME_PATTERN,
                             description="ConfigMap this route is rendered into; it holds only the routes that name it")
+    classifier_drift: ClassifierDriftAlarm | None = None
+    """Watch tier shares and escalation rate for classifier drift (status.traffic, condition
+    ClassifierDrift); needs the operator's Prometheus (OCULIS_PROMETHEUS_URL); unset: not watched"""
 
     @model_validator(mode="after")
     def _every_tier_reachable(self) -> InferenceRouteSpec:
@@ -169,6 +187,26 @@ class TierStatus(Model):
     """The upstream exists and answers (Ready, or a self-hosted one with a ready replica)"""
 
 
+class TrafficWindow(Model):
+    """What the router counted for the route over one window."""
+
+    window: str
+    """The window, e.g. 15m"""
+    requests: float = 0
+    """Requests answered"""
+    tier_shares: dict[str, float] = Field(default_factory=dict)
+    """Share of requests per tier (0-1)"""
+    escalation_rate: float = 0
+    """Escalations per request"""
+
+
+class TrafficStatus(TrafficWindow):
+    """The short window, with the long-window baseline it is compared with."""
+
+    baseline: TrafficWindow | None = None
+    """The long window before it"""
+
+
 class InferenceRouteStatus(Model):
     """What the operator rendered."""
 
@@ -186,6 +224,8 @@ class InferenceRouteStatus(Model):
     """ConfigMap the route was rendered into"""
     config_hash: str | None = None
     """Hash of the rendered router config"""
+    traffic: TrafficStatus | None = None
+    """spec.classifierDrift: tier shares and escalation rate over the short window and the baseline"""
 
 
 class InferenceRoute(Model):

@@ -236,9 +236,10 @@ def sample_from(query: Callable[[str], list[dict[str, Any]] | None], namespace: 
 
 def demand_from(query: Callable[[str], list[dict[str, Any]] | None], namespace: str, name: str,
                 window_s: float) -> float | None:
-    """Router requests for the upstream over the window (`oculis_router_upstream_demand_total`, which
-    counts held and escalated requests too); None when Prometheus gave nothing (unknown, not zero)."""
-    result = query(f'sum(increase(oculis_router_upstream_demand_total{{namespace="{namespace}",'
+    """Router requests for the upstream over the window (`oculis_upstream_demand_total`, which counts
+    held and escalated requests too); None when Prometheus gave nothing (unknown, not zero). A router
+    scraped in-cluster carries its namespace; one scraped outside (a local `oculis serve`) has none."""
+    result = query(f'sum(increase(oculis_upstream_demand_total{{namespace=~"{namespace}|",'
                    f'upstream="{name}"}}[{int(window_s)}s]))')
     if result is None:
         return None

@@ -92,7 +92,7 @@ def window_from(query: Any, namespace: str, route: str, seconds: float, offset_s
     """Read one window of a route's router counters through `query` (PromQL instant query -> result
     vector or None). None when Prometheus gave nothing (the condition is then left as it was)."""
     rng = f"[{int(seconds)}s]" + (f" offset {int(offset_s)}s" if offset_s else "")
-    sel = f'namespace="{namespace}",route="{route}"'
+    sel = f'namespace=~"{namespace}|",route="{route}"'  # a router scraped outside the cluster has no namespace
     req = query(f'sum by (tier) (increase(oculis_requests_total{{{sel}}}{rng}))')
     esc = query(f'sum(increase(oculis_escalations_total{{{sel}}}{rng}))')
     if req is None or esc is None:
@@ -111,3 +111,19 @@ def window_from(query: Any, namespace: str, route: str, seconds: float, offset_s
     except (KeyError, IndexError, TypeError, ValueError):
         escalations = 0.0
     return Window(seconds, requests, escalations if escalations == escalations else 0.0)
+
+
+def window_seconds(text: str) -> float:
+    """`30s`, `15m`, `2h`, `1d` in seconds (the CRD's pattern has checked the shape)."""
+    return float(int(text[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[text[-1]])
+
+
+def evaluate(query: Any, namespace: str, route: str, short_s: float, long_s: float,
+             policy: DriftPolicy) -> Verdict | None:
+    """Read both windows (the baseline is the long window just before the short one) and assess them;
+    None when Prometheus gave nothing."""
+    short = window_from(query, namespace, route, short_s)
+    long = window_from(query, namespace, route, long_s, offset_s=short_s)
+    if short is None or long is None:
+        return None
+    return assess(short, long, policy)

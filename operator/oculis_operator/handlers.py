@@ -31,8 +31,19 @@ from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
 from oculis import gpus
+from oculis.inferenceroute import ClassifierDriftAlarm
 from oculis.upstream import GPU, Autoscaling, Canary, duration_or_zero_seconds, duration_seconds
-from oculis_operator import autoscale, canary, enginelog, hfconfig, render, rollout, routeconfig, speculative
+from oculis_operator import (
+    autoscale,
+    canary,
+    classifier_drift,
+    enginelog,
+    hfconfig,
+    render,
+    rollout,
+    routeconfig,
+    speculative,
+)
 from oculis_operator import reconcile as core
 from oculis_operator.admission import admission_verdict, admission_warning
 from oculis_operator.api_errors import api_error_line, going_away
@@ -48,6 +59,7 @@ PROMETHEUS_URL = os.environ.get("OCULIS_PROMETHEUS_URL", "")
 # The window over which the router's demand for an upstream is counted (a request in it wakes an upstream
 # at zero and keeps one from counting as idle).
 AUTOSCALE_DEMAND_WINDOW_SECONDS = float(os.environ.get("OCULIS_AUTOSCALE_DEMAND_WINDOW_SECONDS", "60"))
+DRIFT_NAMESPACES: set[str] = set()  # namespaces with a route whose classifierDrift is watched
 # The speculative-decoding guard's window: acceptance is judged over this many seconds.
 SPECULATIVE_WINDOW_SECONDS = int(os.environ.get("OCULIS_SPECULATIVE_WINDOW_SECONDS", "300"))
 WAITING_REASONS = {"SecretNotFound", "SecretKeyMissing"}
@@ -94,7 +106,7 @@ async def recheck(memo: kopf.Memo) -> None:
             with contextlib.suppress(Exception):  # one failing upstream must not stop the others
                 named = Prefixed(log, {"obj": f"{namespace}/{name}"})
                 await asyncio.to_thread(reconcile_named, memo, namespace, name, named)
-        for namespace in sorted(kube.recheck_routes):
+        for namespace in sorted(kube.recheck_routes | DRIFT_NAMESPACES):
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(render_routes_or_recheck, kube, namespace, log, True)
 
@@ -206,6 +218,7 @@ def render_routes(kube: Kube, namespace: str, logger: kopf.Logger, sweep: bool =
             kube.delete_config_map(namespace, cm)
             logger.info(f"Deleted router config {cm}: no InferenceRoute names it any more")
         now = _now()
+        watched = False
         for route in routes:
             meta, status = route["metadata"], route.get("status") or {}
             cm = routeconfig.config_map_of(route)
@@ -221,13 +234,21 @@ def render_routes(kube: Kube, namespace: str, logger: kopf.Logger, sweep: bool =
                                     else ("False", "AsExpected", "")))
             conds.set("Progressing", *(("True", "WaitingForUpstreams", verdict.progressing) if verdict.progressing
                                        else ("False", "Settled", "")))
+            traffic = _classifier_drift(namespace, meta["name"], (route.get("spec") or {}).get("classifierDrift"),
+                                        conds)
+            watched = watched or (route.get("spec") or {}).get("classifierDrift") is not None
             up = {t["upstream"]: t["ready"] for t in verdict.tier_status}
             new = {"observedGeneration": meta.get("generation", 1), "conditions": conds.items, "tiers": verdict.tiers,
                    "tierStatus": verdict.tier_status, "strategy": verdict.strategy or None,
                    "upstreamsReady": f"{sum(up.values())}/{len(up)}" if up else None,
                    "configMap": cm, "configHash": rendered.digest}
+            if traffic is not None:
+                new["traffic"] = traffic
             if _status_changed(status, new):
                 kube.patch_status(namespace, meta["name"], new, ROUTES)
+        # Traffic moves without any Kubernetes event: namespaces with a watched route are re-rendered
+        # every recheck round (the render writes nothing when nothing changed).
+        (DRIFT_NAMESPACES.add if watched and PROMETHEUS_URL else DRIFT_NAMESPACES.discard)(namespace)
 
 
 @kopf.on.event("", "v1", "configmaps", labels=routeconfig.LABELS)
@@ -441,6 +462,27 @@ def _autoscale(kube: Kube, spec: dict[str, Any], status: dict[str, Any], dep: di
         autoscale.demand_from(query, ns, name, AUTOSCALE_DEMAND_WINDOW_SECONDS),
         autoscale.state_from_status(status.get("autoscaling")), time.time(),
         autoscale.placeable_replicas(nodes, pods, gfd, gpu.count, current), pool=gpu.product)
+
+
+def _classifier_drift(namespace: str, route: str, alarm: dict[str, Any] | None,
+                      conds: Conditions) -> dict[str, Any] | None:
+    """spec.classifierDrift: the router's counters over both windows from Prometheus -> the
+    ClassifierDrift condition (set on `conds`) and status.traffic; None (both left as they were) when
+    the route is not watched or Prometheus gave nothing."""
+    if alarm is None or not PROMETHEUS_URL:
+        return None
+    try:
+        spec = ClassifierDriftAlarm.model_validate(alarm)
+    except ValidationError:
+        return None  # refused at apply by the CRD schema; a stored older object is just not watched
+    verdict = classifier_drift.evaluate(
+        lambda q: enginelog.prometheus_result(PROMETHEUS_URL, q), namespace, route,
+        classifier_drift.window_seconds(spec.short_window), classifier_drift.window_seconds(spec.long_window),
+        classifier_drift.DriftPolicy(factor=spec.factor, min_requests=spec.min_requests))
+    if verdict is None:
+        return None
+    conds.set("ClassifierDrift", verdict.status, verdict.reason, verdict.message)
+    return verdict.traffic
 
 
 def _only_status_moved(type: str | None, body: kopf.Body) -> bool:

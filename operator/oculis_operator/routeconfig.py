@@ -270,7 +270,8 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
         states = {u: upstream_state(by_name[u]) for u in names}
         # Only set fields: the router applies the same defaults, and a person reading the ConfigMap
         # need not read past a null for every field left out.
-        body = spec.model_dump(exclude={"config_map"}, mode="json", exclude_none=True)
+        # configMap and classifierDrift are the operator's settings, not the router's.
+        body = spec.model_dump(exclude={"config_map", "classifier_drift"}, mode="json", exclude_none=True)
         if spec.classifier.head_from is not None:  # the router reads the ConfigMap where it is mounted
             ref = spec.classifier.head_from.config_map_key_ref
             body["classifier"].pop("head_from")

@@ -73,6 +73,24 @@ groups:
         annotations:
           summary: "Route {{ "{{" }} $labels.route {{ "}}" }} escalates more than {{ .jump }}x its usual share"
           description: "A tier fails or the classifier's confidence fell (new traffic?): check oculis_upstream_failures_total and `oculis route analyze`."
+      - alert: OculisClassifierDrift
+        # The expression of the operator's ClassifierDrift condition (InferenceRoute spec.classifierDrift):
+        # a tier's share of a route's requests, or the route's escalation rate, over 15m is more than
+        # `jump` times the day before (baselines below 2 % count as 2 %, so noise from zero is no drift).
+        expr: |
+          (sum by (route, tier) (rate(oculis_requests_total[15m]))
+            / ignoring (tier) group_left sum by (route) (rate(oculis_requests_total[15m])))
+            > {{ .jump }} * clamp_min(sum by (route, tier) (rate(oculis_requests_total[1d] offset 15m))
+                        / ignoring (tier) group_left sum by (route) (rate(oculis_requests_total[1d] offset 15m)), 0.02)
+          or on (route)
+          (sum by (route) (rate(oculis_escalations_total[15m])) / sum by (route) (rate(oculis_requests_total[15m])))
+            > {{ .jump }} * clamp_min(sum by (route) (rate(oculis_escalations_total[1d] offset 15m))
+                        / sum by (route) (rate(oculis_requests_total[1d] offset 15m)), 0.02)
+        for: 15m
+        labels: {severity: warning}
+        annotations:
+          summary: "Route {{ "{{" }} $labels.route {{ "}}" }}: the classifier drifts from its traffic (tier mix or escalations moved {{ .jump }}x)"
+          description: "`kubectl get ir {{ "{{" }} $labels.route {{ "}}" }} -o jsonpath='{.status.traffic}'` shows both windows; refit the classifier on recent traffic (oculis classifier fit)."
       - alert: OculisUpstreamFailures
         expr: sum by (upstream, kind) (rate(oculis_upstream_failures_total[5m])) > 0.1
         for: 10m

@@ -53,3 +53,36 @@ def test_window_from_reads_tiers_and_escalations() -> None:
     w = window_from(query, "ns", "chat", 60)
     assert w == Window(60, {"small": 30.0, "large": 10.0}, 4.0)
     assert window_from(lambda q: None, "ns", "chat", 60) is None
+
+
+def test_evaluate_compares_the_short_window_with_the_long_one_just_before_it() -> None:
+    from oculis_operator.classifier_drift import evaluate, window_seconds
+
+    asked: list[str] = []
+
+    def query(q: str) -> list[dict] | None:
+        asked.append(q)
+        baseline = "offset" in q
+        if "escalations" in q:
+            return [{"metric": {}, "value": [0, "50" if baseline else "20"]}]
+        return [{"metric": {"tier": "small"}, "value": [0, "800" if baseline else "40"]},
+                {"metric": {"tier": "large"}, "value": [0, "200" if baseline else "10"]}]
+
+    v = evaluate(query, "ns", "chat", window_seconds("1m"), window_seconds("1d"), DriftPolicy())
+    assert v is not None and v.status == "True" and "escalation rate 40.0% vs 5.0%" in v.message
+    assert any("[86400s] offset 60s" in q for q in asked) and any("[60s])" in q for q in asked)
+    assert evaluate(lambda q: None, "ns", "chat", 60, 86400, DriftPolicy()) is None
+
+
+def test_the_drift_alarm_stays_out_of_the_router_config() -> None:
+    from oculis_operator.routeconfig import render_namespace
+
+    up = {"metadata": {"name": "gpt", "namespace": "ns", "generation": 1},
+          "spec": {"provider": "openai", "model": "gpt-4o"},
+          "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "NoCredentials"}]}}
+    route = {"metadata": {"name": "chat", "namespace": "ns", "generation": 1},
+             "spec": {"tiers": [{"name": "only", "upstream": "gpt", "match": {}}],
+                      "classifierDrift": {"shortWindow": "1m", "longWindow": "1h", "factor": 2}}}
+    out = render_namespace([route], [up])
+    assert out.routes["chat"].ready, out.routes["chat"].message
+    assert "classifier_drift" not in out.data["oculis-config.yaml"] and "classifierDrift" not in str(out.data)
