@@ -108,18 +108,22 @@ class Prometheus:
         # a restart inside the window reset the counter: count what it reached since (as `deltas` does)
         return after - before if after >= before else after
 
-    def deltas(self, counter_expr: str, by: tuple[str, ...], start: float, end: float) -> dict[tuple[str, ...], float]:
-        """`delta` per label set: how much `sum by (by) (counter_expr)` grew between two instants, keyed
-        by the values of `by` in order. A key born inside the window started at 0; a key whose value fell
-        (its process restarted) counts what it reached since the restart."""
-        group = f"sum by ({', '.join(by)}) ({counter_expr})"
-
-        def at(t: float) -> dict[tuple[str, ...], float]:
-            return {tuple(s.labels.get(k, "") for k in by): s.value for s in self.query(group, t)
-                    if not math.isnan(s.value)}
-
-        before, after = at(start), at(end)
+    def deltas(self, selector: str, by: tuple[str, ...], start: float, end: float) -> dict[tuple[str, ...], float]:
+        """`delta` per label set: how much a counter (`selector`, a plain series selector such as
+        `oculis_requests_total{job="oculis"}`) grew between two instants, summed by the values of `by`
+        (the keys, in order). The end value of each series is its last sample inside the window, so a
+        process that stopped before `end` (a replaced router pod) still counts; a key born inside the
+        window started at 0; a key whose value fell (its process restarted in place) counts what it
+        reached since the restart."""
+        labels = ", ".join(by)
+        seconds = max(math.ceil(end - start), 1)
+        before = self._by(f"sum by ({labels}) ({selector})", by, start)
+        after = self._by(f"sum by ({labels}) (last_over_time({selector}[{seconds}s]))", by, end)
         return {k: v - before.get(k, 0.0) if v >= before.get(k, 0.0) else v for k, v in after.items()}
+
+    def _by(self, promql: str, by: tuple[str, ...], at: float) -> dict[tuple[str, ...], float]:
+        return {tuple(s.labels.get(k, "") for k in by): s.value for s in self.query(promql, at)
+                if not math.isnan(s.value)}
 
     def wait_scraped(self, at: float, timeout: float = 15.0) -> bool:
         """Wait until every target has been scraped after unix time `at` (so a delta ending at `at` is

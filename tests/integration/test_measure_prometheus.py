@@ -1,7 +1,7 @@
 """The measurement commands against a real Prometheus scraping a real `oculis serve` after a burst of
-traffic: `route analyze --since` gives the seed's table with the router's own counts, `cost report`
-agrees with oculis_cost_dollars_total, `cache advise` reads the cached-token share; an unreachable
-Prometheus is one line and exit 5."""
+traffic, the router then stopped (as a replaced pod is): `route analyze --since` gives the seed's table
+with the router's own counts, `cost report` agrees with oculis_cost_dollars_total, `cache advise` reads
+the cached-token share; an unreachable Prometheus is one line and exit 5."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from e2e_support import eventually
 from fake_upstreams import free_port
 from router_support import Fakes
 from test_router_processes import start_router
@@ -104,7 +105,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                     time.sleep(0.3)
             cost = p.scalar("sum(oculis_cost_dollars_total)")
             route_cost = p.scalar('sum(oculis_cost_dollars_total{upstream!="claude"})')
-        assert cost is not None and route_cost is not None and cost > route_cost > 0
+            assert cost is not None and route_cost is not None and cost > route_cost > 0
+            # The router goes away (a replaced pod): its series go stale, and its counts must still add up.
+            router.terminate()
+            router.wait(10)
+            eventually(lambda: p.scalar("sum(oculis_cost_dollars_total)") is None, timeout=30,
+                       what="Prometheus marks the stopped router's series stale")
         yield World(cfg, purl, tiers, hits, calls, cost, route_cost)
     finally:
         prom.terminate()
