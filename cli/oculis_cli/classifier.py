@@ -138,3 +138,6 @@ def report(hf: Any, base: Any, suite: Any, penalty: float, boot: int, out: TextI
             print(f"    {name:14} {hf.apgr(sc, w, s):.3f}  [{lo:.3f}, {hi:.3f}]", file=out)
         wins = hf.paired_wins(scores["fitted"], scores["base"], w, s, boot)
         print(f"    fitted beats base in {wins:.0%} of paired resamples", file=out)
+        if grouped and wins < 0.5:
+            print("    on topics left out of the fit the fitted head does worse than the base: use it for traffic "
+                  "like the suite, and refit as topics change", file=out)
