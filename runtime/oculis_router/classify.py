@@ -12,6 +12,8 @@ How it scores (trained by `training/train_classifier.py`, data in `classifier_da
 - confidence drops when the fold heads, each trained without some topics, disagree on the prompt,
   and when many of its pieces are unknown to the tokenizer (other scripts, noise).
 One tokenisation, a gather and a few means: well under a millisecond on a 500-token prompt.
+A head fitted on a user's own outcomes (`oculis classifier fit`, `head_fit.py`) has the same format
+and is scored by the same path; `load_head_file` checks one before a route uses it.
 """
 
 from __future__ import annotations
