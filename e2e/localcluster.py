@@ -501,7 +501,10 @@ def start_prometheus() -> str | None:
     (prom / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": "vllm", "file_sd_configs": [
-            {"files": [str(SIM / "targets.json")], "refresh_interval": "1s"}]}],
+            {"files": [str(SIM / "targets.json")], "refresh_interval": "1s"}]},
+            # Tests add targets of their own (a local `oculis serve`'s metrics) as extra-*.json files.
+            {"job_name": "extra", "file_sd_configs": [
+                {"files": [str(SIM / "extra-*.json")], "refresh_interval": "1s"}]}],
     }))
     start("prometheus", [binary, f"--config.file={prom / 'prometheus.yml'}", f"--storage.tsdb.path={prom / 'tsdb'}",
                          f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1d",

@@ -146,6 +146,11 @@ class ConfigHolder:
         for up in config.upstreams:
             if why := missing_key(up):
                 log.warning("%s; requests to it will fail over to the next tier", why)
+        for u in config.upstreams:
+            # Every upstream's demand series exists at 0 before its first request: Prometheus's increase()
+            # reads a series born at 1 as no increase, and that first request is the one that wakes an
+            # upstream at zero.
+            self.metrics.upstream_demand.labels(u.name)
         return Runtime(config, digest, routes, {u.name: u for u in config.upstreams}, limiter)
 
     def _limiter_for(self, config: RouterConfig, now: float) -> Limiter | None:

@@ -94,3 +94,10 @@ def test_serving_upstream_gets_no_cold_start_header(router: RouterHandle, fakes:
     r = ask(router)
     assert r.status_code == 200 and "x-oculis-cold-start" not in r.headers
     assert 'oculis_upstream_demand_total{upstream="llama-8b"} 1.0' in metrics(router)
+
+
+def test_every_upstreams_demand_series_exists_before_its_first_request(router: RouterHandle) -> None:
+    """Prometheus's increase() reads a series born at 1 as no increase: the wake signal must start at 0."""
+    m = metrics(router)
+    for name in ("llama-8b", "llama-70b", "gpt4o", "claude"):
+        assert f'oculis_upstream_demand_total{{upstream="{name}"}} 0.0' in m
