@@ -222,6 +222,42 @@ def stop_all() -> int:
     return len(pids)
 
 
+def restart_component(name: str, timeout: float = 90) -> float:
+    """Stop one running component (SIGTERM) and start it again with the same command line, as a node
+    reboot or an upgrade of the control plane does; returns the seconds until it answered again. For
+    the chaos tests (kube-apiserver); the cluster is left up."""
+    pid = running_pid(name)
+    if pid is None:
+        raise ClusterError(f"{name} is not running; start the cluster with `e2e/cluster up`")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    while Path(f"/proc/{pid}").exists() and not _zombie(pid) and time.monotonic() - t0 < 30:
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    start(name, argv)
+    ports = Ports.from_env()
+    probes = {"kube-apiserver": lambda: api_get(ports, "/readyz") == "ok",
+              "etcd": lambda: b"true" in urllib.request.urlopen(f"http://127.0.0.1:{ports.etcd}/health",
+                                                                timeout=2).read()}
+    wait_for(name, probes.get(name, lambda: True), timeout, name)
+    return time.monotonic() - t0
+
+
+@contextlib.contextmanager
+def paused(name: str) -> Any:
+    """SIGSTOP a component for the body of the `with` (an etcd that stalls on a slow disk), SIGCONT after."""
+    pid = running_pid(name)
+    if pid is None:
+        raise ClusterError(f"{name} is not running; start the cluster with `e2e/cluster up`")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def _zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
