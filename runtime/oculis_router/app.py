@@ -210,6 +210,8 @@ class Router:
     async def handle(self, request: Request, endpoint: str) -> Response:
         rt = self.holder.current  # this request's config snapshot, whatever reloads happen meanwhile
         route_label = "-"
+        plan: Plan | None = None  # once routed, an error answer still gets its decision-log line
+        body: dict[str, Any] = {}
         try:
             check_client_key(request, self.keys_env(rt))
             if self.holder.waiting:
@@ -253,7 +255,7 @@ class Router:
                 request, _held(hold, self._complete(body, plan, endpoint, key, route_label, hold)), route_label))
         except APIError as err:
             self.metrics.requests.labels(route_label, "-", "-", f"error_{err.status}").inc()
-            return err.response()
+            return err.response() if plan is None else self.logged(plan, body, err.response())
         except ClientDisconnect:  # the client left while sending its body: its doing, not an internal error
             self.metrics.requests.labels(route_label, "-", "-", "client_closed").inc()
             return Response(status_code=499)

@@ -124,3 +124,15 @@ def test_each_request_leaves_a_decision_line_with_the_prompt_hashed_unless_opted
     ask(router)
     line = json.loads(sink.read_text().splitlines()[-1])
     assert line["messages"] == [{"role": "user", "content": "hi"}]  # a suite line, once outcomes are added
+
+
+def test_a_request_no_tier_could_answer_is_logged_too(router: RouterHandle, fakes: Fakes, tmp_path: Path) -> None:
+    sink = tmp_path / "decisions.jsonl"
+    router.write(fakes.config(cache={"enabled": False}, decision_log={"sink": str(sink)},
+                              escalation={"max_retries": 0}))
+    eventually(lambda: router.app.state.holder.current.routes["adaptive"].route.decision_log is not None, timeout=10)
+    for s in ("small", "large", "frontier"):
+        fakes.scripts[s].fail_times = 10
+    assert ask(router).status_code == 502
+    line = json.loads(sink.read_text().splitlines()[-1])
+    assert line["status"] == 502 and line["route"] == "adaptive" and 0 <= line["complexity"] <= 1
