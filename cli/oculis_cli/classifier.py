@@ -92,7 +92,10 @@ def run_fit(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         if args.base == "default":
             base = classify.ComplexityClassifier.packaged(cache_ttl_seconds=0).head
         else:
-            base = classify.load_head_file(Path(args.base))
+            try:
+                base = classify.load_head_file(Path(args.base))
+            except ValueError as exc:
+                raise FitInputError(f"--base {exc} (or `--base default` for the packaged head)") from None
         weak, strong = np.array(weak_l), np.array(strong_l)
         if args.penalty is not None and not args.penalty > 0:
             raise FitInputError(f"--penalty {args.penalty}: must be a positive number, e.g. 0.013")
