@@ -6,6 +6,7 @@ charts/oculis/argocd/oculis.dev/<Kind>/testdata/ (how those fixtures were made).
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -310,6 +311,12 @@ def test_a_crd_upgrade_that_adds_a_field_applies_server_side(objs: Objects, bin_
         kubectl(bin_dir, kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
 
 
+def leader_exit_code() -> int:
+    from oculis_operator.leader import EXIT_LOST
+
+    return EXIT_LOST
+
+
 class Candidate:
     """One operator replica: `python -m oculis_operator.leader` over the test's namespace."""
 
@@ -374,6 +381,20 @@ def test_a_leader_killed_mid_rollout_is_replaced_and_the_rollout_completes(
             objs.ns, label_selector="oculis.dev/upstream=roll").items) and len(p) == 3 and p, what="3 pods")
         assert all(p.metadata.owner_references[0].name in {rs.metadata.name for rs in sets} for p in pods)
         print(f"leader takeover after a kill: {takeover:.1f} s")
+        # A leader whose Lease is taken from it (another holder, fresh renewTime) stops and exits.
+        leases = client.CoordinationV1Api(api)
+
+        def steal() -> bool:
+            lease = leases.read_namespaced_lease("oculis-operator", objs.ns)
+            lease.spec.holder_identity, lease.spec.lease_duration_seconds = "intruder", 600
+            lease.spec.renew_time = datetime.datetime.now(datetime.UTC)
+            leases.replace_namespaced_lease("oculis-operator", objs.ns, lease)  # 409 if it renewed meanwhile
+            return True
+
+        eventually(steal, what="the Lease taken over by another holder")
+        eventually(lambda: other.proc.poll() is not None, timeout=40, what="the leader that lost its Lease exits")
+        assert other.proc.returncode == leader_exit_code()
+        assert "stopping at once" in other.log_path.read_text()  # the watchdog or the election, whichever first
     finally:
         for c in candidates:
             c.kill()
