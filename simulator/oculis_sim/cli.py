@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from oculis_cli.inputs import InputError, port_number
+from oculis_cli.serve import bind_problem
 from oculis_sim import config
 
 BAD_INPUT = 2
@@ -84,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="an OpenAI-compatible server backed by the simulated engine")
     add_engine_flags(s)
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=port_number, default=8000)
     return parser
 
 
@@ -117,6 +119,8 @@ def run_replay(args: argparse.Namespace) -> int:
     s = settings_from(args)
     try:
         wl = workload.load(args.workload)
+    except InputError as exc:  # already names --workload and the file
+        raise config.SimConfigError(str(exc)) from None
     except workload.WorkloadError as exc:
         raise config.SimConfigError(f"--workload {args.workload}: {exc}") from None
     res = replay.run(s, wl)
@@ -133,6 +137,13 @@ def run_serve(args: argparse.Namespace, ignored: list[str]) -> int:
     from oculis_sim.server import serve
 
     s = settings_from(args)
+    # The router's preflight: a host that does not resolve or is not this machine's is one line (exit 2),
+    # a busy port exit 1, before the model's start-up lines and not as a traceback from the event loop.
+    problem = bind_problem(args.host, args.port)
+    if problem is not None:
+        code, message = problem
+        print(f"oculis sim serve: error: {message}", file=sys.stderr)
+        return code
     flags = [a.split("=", 1)[0] for a in ignored if a.startswith("-")]
     if ignored:
         print(f"oculis sim serve: warning: ignoring what the simulator does not model: {' '.join(flags or ignored)}",

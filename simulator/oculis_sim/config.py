@@ -10,13 +10,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from oculis import gpus
 from oculis.base import format_errors
 from oculis.gpus import GPUProduct
 from oculis.upstream import Engine, ModelConfig, Speculative
+from oculis_cli.inputs import InputError, load_yaml, read_text
 from oculis_operator import capacity, catalog
 from oculis_sim import specdecode, steptime
 
@@ -60,13 +60,6 @@ def parse_int(flag: str, text: str) -> int:
     return int(m.group(1)) * _UNIT[m.group(2)]
 
 
-def vllm_defaults(gpu: GPUProduct) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) vLLM 0.20 picks for the OpenAI server on this device."""
-    if gpu.memory_mib * 2**20 >= 70 * GiB and "a100" not in gpu.gfd_product.lower():
-        return 1024, 8192
-    return 256, 2048
-
-
 @dataclass(frozen=True)
 class Settings:
     model_name: str
@@ -92,12 +85,13 @@ class Settings:
 
 
 def load_model_config(path: Path) -> ModelConfig:
+    # The CLI's strict reader: a directory, non-UTF-8 bytes or too deep a nesting is one line, not a traceback.
     try:
-        return ModelConfig.model_validate(yaml.safe_load(path.read_text()))
-    except OSError as exc:
-        raise SimConfigError(f"--model-config {path}: cannot read it: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise SimConfigError(f"--model-config {path}: not valid YAML/JSON: {' '.join(str(exc).split())}") from None
+        data = load_yaml(read_text(path, "--model-config"), f"--model-config {path}")
+    except InputError as exc:
+        raise SimConfigError(str(exc)) from None
+    try:
+        return ModelConfig.model_validate(data)
     except ValidationError as exc:
         raise SimConfigError(f"--model-config {path}: " + format_errors(exc, "modelConfig").replace("\n", "; ")
                              ) from None
@@ -135,7 +129,7 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
     if quantization is not None and quantization not in capacity.QUANT_BYTES:
         raise SimConfigError(f"--quantization {quantization!r}: not simulated; use one of "
                              f"{', '.join(sorted(capacity.QUANT_BYTES))} or leave it unset")
-    default_seqs, default_tokens = vllm_defaults(gpu)
+    default_seqs, default_tokens = capacity.vllm_defaults(gpu)  # the operator's plan picks the same
     seqs = max_num_seqs if max_num_seqs is not None else default_seqs
     if seqs < 1:
         raise SimConfigError(f"--max-num-seqs {seqs}: must be a positive integer")
@@ -222,7 +216,9 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
 
 def cost_models(s: Settings) -> tuple[steptime.StepCostModel, steptime.StepCostModel | None]:
     """The target's step cost and, for a draft model, the draft's (its weights are part of the plan's)."""
-    fp8 = s.quantization == "fp8" or s.model.dtype_bytes == 1
+    # 8-bit linear weights (an fp8 checkpoint such as DeepSeek-V3, whose dtypeBytes is its 2-byte compute
+    # dtype, or --quantization fp8) run the 8-bit tensor-core rate: the capacity plan's bytes per weight decides.
+    fp8 = capacity.weight_bytes_per_param(s.model, s.quantization) == 1.0
     target_weights = capacity.weights_bytes_per_gpu(s.model, s.tp, s.quantization)
     target = steptime.cost_model(s.model, s.gpu, s.tp, target_weights,
                                  capacity.kv_bytes_per_token(s.model, s.tp, s.kv_cache_dtype), fp8)

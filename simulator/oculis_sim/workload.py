@@ -16,14 +16,14 @@ then the stages' arrival process, or all at once without stages).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
+
+from oculis_cli.inputs import load_yaml, read_text
 
 
 class WorkloadError(ValueError):
@@ -162,13 +162,7 @@ def parse(data: Any) -> Workload:
     return Workload(arrivals, prompts + shared, outputs, shared, conc)
 
 
-def load(path: Path) -> Workload:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise WorkloadError(f"cannot read it: {exc.strerror}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise WorkloadError(f"not valid YAML/JSON: {' '.join(str(exc).split())}") from None
-    return parse(data)
+def load(path: Path, what: str = "--workload") -> Workload:
+    """The workload file; InputError (one line naming `what` and the path) when it cannot be read, is not
+    UTF-8 or is nested too deeply to parse (the CLI's own reader), WorkloadError when its fields are wrong."""
+    return parse(load_yaml(read_text(path, what), f"{what} {path}"))
