@@ -34,6 +34,8 @@ class OperatorProcess:
         self.log_path = workdir / "operator.log"
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "OCULIS_WEBHOOK_PORT": str(free_port()),
                     "OCULIS_RECHECK_SECONDS": "1",
+                    # the speculative-decoding guard judges acceptance over this window (seconds, not minutes)
+                    "OCULIS_SPECULATIVE_WINDOW_SECONDS": "15",
                     "OCULIS_METRICS_PORT": str(free_port()), "OCULIS_METRICS_ADDR": "127.0.0.1",
                     "OCULIS_WEBHOOK_ADDR": "127.0.0.1", "OCULIS_WEBHOOK_HOST": "127.0.0.1",
                     "OCULIS_WEBHOOK_CERT": str(cert), "OCULIS_WEBHOOK_KEY": str(key), "OCULIS_WEBHOOK_CA": str(cert),

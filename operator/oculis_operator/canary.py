@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -153,7 +152,9 @@ def intervals_total(policy: Canary) -> int:
 def pod_pattern(name: str, track: Literal["canary", "stable"]) -> str:
     """Pods of the stable Deployment are `<name>-vllm-<rs>-<id>`, the canary's `<name>-vllm-canary-<rs>-<id>`
     (Prometheus regexes are anchored, so one never matches the other)."""
-    base = re.escape(f"{name}-vllm")
+    # No re.escape: an upstream name is a DNS-1035 label (letters, digits, '-'), and PromQL strings
+    # refuse the `\-` it would write.
+    base = f"{name}-vllm"
     return f"{base}-canary-[a-z0-9]+-[a-z0-9]+" if track == "canary" else f"{base}-[a-z0-9]+-[a-z0-9]+"
 
 

@@ -152,7 +152,9 @@ def prometheus_kv_blocks(url: str, namespace: str, name: str, timeout: float = 2
     """The smallest num_gpu_blocks the upstream's engine pods (<name>-vllm-...) report through
     vllm:cache_config_info, from a Prometheus HTTP API; None when unset, unreachable or not scraped yet
     (the plan is then simply not compared)."""
-    query = f'vllm:cache_config_info{{namespace="{namespace}",pod=~"{re.escape(name)}-vllm-.+"}}'
+    # The name unescaped: a DNS-1035 label has no regex metacharacter but '-', and re.escape's `\-` is an
+    # invalid escape in a PromQL string (the query was refused for every hyphenated upstream name).
+    query = f'vllm:cache_config_info{{namespace="{namespace}",pod=~"{name}-vllm-.+"}}'
     result = prometheus_result(url, query, timeout)
     try:
         blocks = [int(r["metric"]["num_gpu_blocks"]) for r in result or []
