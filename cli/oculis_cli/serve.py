@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from oculis_cli.inputs import InputError, finite_float, port_number, read_config
 
@@ -28,6 +30,10 @@ def register(sub: Any) -> None:
     p.add_argument("--endpoints", type=Path, metavar="FILE",
                    help="endpoint map {HOST: {ports: [...]}} (re-read on change): dial those base_url hosts at "
                    "127.0.0.1 ports, e.g. the sandbox cluster's simulated pods (e2e/cluster serve-pods)")
+    p.add_argument("--redis-url", default=os.environ.get("OCULIS_REDIS_URL") or None, metavar="URL",
+                   help="redis://[:password@]host:port/db shared by every replica: the response cache and the rate "
+                   "limiter both use it, overriding the config's server section (the operator renders none); "
+                   "default $OCULIS_REDIS_URL")
     p.add_argument("--shutdown-grace", type=finite_float, default=120, metavar="SECONDS",
                    help="after SIGTERM, how long in-flight requests and streams may take to finish (default 120)")
     p.set_defaults(run=run)
@@ -51,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if args.client_keys_env is not None and not args.client_keys_env.isidentifier():
         print(f"oculis serve: --client-keys-env {args.client_keys_env!r} is not an environment variable name",
               file=sys.stderr)
+        return 2
+    if args.redis_url is not None and (why := redis_url_problem(args.redis_url)):
+        print(f"oculis serve: {why}", file=sys.stderr)
         return 2
     if args.shutdown_grace < 0:
         print(f"oculis serve: --shutdown-grace {args.shutdown_grace:g} is negative; give seconds >= 0", file=sys.stderr)
@@ -76,12 +85,31 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
     app = build_app(config_path=args.config, metrics=metrics, wait_for_config=args.wait_for_config,
-                    client_keys_env=args.client_keys_env, endpoints=args.endpoints)
+                    client_keys_env=args.client_keys_env, endpoints=args.endpoints, redis_url=args.redis_url)
     # On SIGTERM (a rolling restart) uvicorn stops accepting, lets in-flight requests and streams
     # finish for up to --shutdown-grace seconds, then exits: no answer is cut short by a restart.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 loop="uvloop", http="httptools", backlog=4096, timeout_graceful_shutdown=args.shutdown_grace)
     return 0
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")  # what redis-py's from_url accepts
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why redis-py would refuse this URL at the first request, as one line (the password not echoed)."""
+    parts = urlsplit(url)
+    shown = url.replace(f":{parts.password}@", ":***@", 1) if parts.password else url
+    if parts.scheme not in REDIS_SCHEMES:
+        return (f"--redis-url {shown!r}: the scheme must be one of {', '.join(s + '://' for s in REDIS_SCHEMES)}; "
+                "e.g. redis://redis:6379/0")
+    if parts.scheme != "unix" and not parts.hostname:
+        return f"--redis-url {shown!r}: names no host; e.g. redis://redis:6379/0"
+    try:
+        parts.port  # noqa: B018 -- raises for a port that is not a number or out of range
+    except ValueError as exc:
+        return f"--redis-url {shown!r}: {exc}; e.g. redis://redis:6379/0"
+    return None
 
 
 def bind_problem(host: str, port: int, flag: str = "--port") -> tuple[int, str] | None:

@@ -101,3 +101,24 @@ def test_the_operator_watches_what_the_values_say_and_runs_alone(helm_bin: Path)
     router_only = rendered(helm_bin, "operator.enabled=false")
     assert {d["kind"] for d in router_only} == {"Deployment", "Service"}
     assert all("operator" not in d["metadata"]["name"] for d in router_only)
+
+
+def test_router_replicas_share_redis_from_a_secret_or_a_url(helm_bin: Path) -> None:
+    # Without a shared Redis each router replica caches and counts limits on its own (N replicas, N x the
+    # limit); the URL reaches `oculis serve` as OCULIS_REDIS_URL, from a Secret key when it holds a password.
+    def router_env(*sets: str) -> list[dict]:  # type: ignore[type-arg]
+        deploy = next(d for d in rendered(helm_bin, *sets) if d["kind"] == "Deployment"
+                      and d["metadata"]["name"] == "oculis-router")
+        return [e for e in deploy["spec"]["template"]["spec"]["containers"][0].get("env", [])
+                if e["name"] == "OCULIS_REDIS_URL"]
+
+    assert router_env() == []
+    assert router_env("router.redis.urlFrom.secret=redis-auth") == [
+        {"name": "OCULIS_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": "redis-auth", "key": "url"}}}]
+    assert router_env("router.redis.url=redis://oculis-redis:6379/0") == [
+        {"name": "OCULIS_REDIS_URL", "value": "redis://oculis-redis:6379/0"}]
+    both = helm(helm_bin, "template", "r", str(CHART), "--set", "router.redis.url=redis://r:6379/0",
+                "--set", "router.redis.urlFrom.secret=redis-auth")
+    assert both.returncode != 0 and "router.redis: set url or urlFrom.secret, not both" in both.stderr
+    scheme = helm(helm_bin, "template", "r", str(CHART), "--set", "router.redis.url=http://r:6379")
+    assert scheme.returncode != 0 and "/router/redis/url'" in scheme.stderr

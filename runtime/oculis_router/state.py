@@ -53,12 +53,26 @@ RETIRE_AFTER_S = 600.0  # a dropped cache store outlives the longest in-flight r
 WAITING = ""  # the digest of the empty runtime served until a config file first appears
 
 
+def with_shared_redis(config: RouterConfig, redis_url: str | None) -> RouterConfig:
+    """The config with its response cache and rate limiter both at `redis_url` (`oculis serve
+    --redis-url`): the operator renders no server section, so replicas in a cluster share Redis only
+    through the command line. Unchanged when no URL is given."""
+    if not redis_url:
+        return config
+    s = config.server
+    server = s.model_copy(update={"cache_backend": "redis", "redis_url": redis_url,
+                                  "limiter": s.limiter.model_copy(update={"backend": "redis"})})
+    return config.model_copy(update={"server": server})
+
+
 class ConfigHolder:
     def __init__(self, path: Path | None, metrics: Metrics, config: RouterConfig | None = None,
-                 wait_for_file: bool = False) -> None:
+                 wait_for_file: bool = False, redis_url: str | None = None) -> None:
         """`wait_for_file`: a missing file is not an error; serve "not ready" until it appears
-        (in a cluster the ConfigMap is rendered once the first InferenceRoute exists)."""
+        (in a cluster the ConfigMap is rendered once the first InferenceRoute exists).
+        `redis_url`: every config loaded shares this Redis (with_shared_redis)."""
         self.path = path
+        self.redis_url = redis_url
         self.metrics = metrics
         self._scorers: dict[str, RouteScorer] = {}
         self._heads: dict[Path, tuple[int, int] | None] = {}  # head files of the config in force, by stamp
@@ -113,6 +127,7 @@ class ConfigHolder:
 
     def _build(self, config: RouterConfig, digest: str) -> Runtime:
         """Built aside and adopted whole: a config that fails half-way leaves nothing behind."""
+        config = with_shared_redis(config, self.redis_url)
         scorers: dict[str, RouteScorer] = {}
         stores: dict[str, Store] = {}
         routes = {}
