@@ -185,8 +185,9 @@ class Canary(Model):
 
     replicas: int = Field(1, ge=1, le=100)
     """Canary replicas (each needs a spare GPU set of the product)"""
-    traffic_percent: int = Field(10, ge=1, le=99)
-    """Share of the upstream's traffic for the canary replicas (the router's weight per revision)"""
+    traffic_percent: int = Field(10, ge=1, le=99, description="Share of the upstream's traffic meant for the "
+                                 "canary; not enforced yet: the Service spreads requests over stable and canary "
+                                 "pods, so the canary gets about its share of the replicas")
     duration: str = Field("10m", pattern=DURATION)
     """How long the analysis runs before promoting (e.g. 10m)"""
     interval: str = Field("1m", pattern=DURATION)
