@@ -66,7 +66,8 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     offline = args.url is None
     items, errors = core.parse_suite(text.splitlines(), offline)
     try:
-        results, more = offline_results(route, items) if offline else online_results(route, items, args)
+        results, more = (offline_results(route, items, args.config) if offline
+                         else online_results(route, items, args))
     except SourceError as exc:
         print(f"oculis eval run: {exc}", file=sys.stderr)
         return exc.code
@@ -96,13 +97,15 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     return code
 
 
-def offline_results(route: Route, items: list[core.Item]) -> tuple[list[core.Result], list[str]]:
-    from oculis_router.decide import RouteScorer  # the router's own classifier path
+def offline_results(route: Route, items: list[core.Item], config_path: Path | None = None
+                    ) -> tuple[list[core.Result], list[str]]:
+    """`config_path`: the --config file (a relative head_path is in its folder, as for the router)."""
+    from oculis_cli.route import route_scorer  # the router's own classifier path
 
     try:
-        scorer = RouteScorer(route)
+        scorer = route_scorer(route, config_path)
     except ValueError as exc:
-        raise SourceError(f"routes[{route.name}].classifier.model: {exc}", EXIT_USAGE) from None
+        raise SourceError(str(exc), EXIT_USAGE) from None
     strongest = route.tiers[-1].upstream
     results, errors = [], []
     for item in items:

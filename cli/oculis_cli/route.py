@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from oculis import ConfigError
+from oculis import ConfigError, Route
 from oculis_cli.inputs import InputError, read_config
 
 
@@ -48,19 +48,27 @@ def register(sub: Any) -> None:
     analyze.set_defaults(run=run_analyze)
 
 
+def route_scorer(route: Route, config_path: Path | None) -> Any:
+    """The route's RouteScorer as the router builds it: a relative classifier.head_path is looked up in
+    the config file's folder (`config_path`; None for a config rendered from the cluster), not in the
+    working directory, so `oculis route`/`eval` score with the head the router loads. ValueError names
+    the field when the head or the model cannot be loaded."""
+    from oculis_router.decide import RouteScorer  # the router's own path; loads the model once
+
+    field = "head_path" if route.classifier.head_path else "model"
+    try:
+        return RouteScorer(route, config_path.parent if config_path is not None else None)
+    except ValueError as exc:
+        raise ValueError(f"routes[{route.name}].classifier.{field}: {exc}") from None
+
+
 def load_scorer(args: argparse.Namespace, command: str) -> Any:
     """The route's RouteScorer, or None after printing why (exit 2)."""
     try:
         route = read_config(args.config).route(args.route)
-    except (InputError, ConfigError) as exc:
+        return route_scorer(route, args.config)
+    except (InputError, ConfigError, ValueError) as exc:
         print(f"oculis route {command}: {exc}", file=sys.stderr)
-        return None
-    from oculis_router.decide import RouteScorer  # the router's own path; loads the model once
-
-    try:
-        return RouteScorer(route)
-    except ValueError as exc:
-        print(f"oculis route {command}: routes[{route.name}].classifier.model: {exc}", file=sys.stderr)
         return None
 
 

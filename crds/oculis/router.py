@@ -145,7 +145,7 @@ class Classifier(Model):
     model: ClassifierModel | None = Field(None, description="Classifier to use; empty selects the packaged default")
     head_path: str | None = Field(None, min_length=1, max_length=4096, description=(
         "A head written by `oculis classifier fit` (.npz), used instead of the packaged one; a relative path "
-        "is relative to the config file for the router (the working directory for `oculis route`/`eval`). "
+        "is relative to the config file's folder (for the router and `oculis route`/`eval` alike). "
         "The router reloads it when the file changes"))
     cache_ttl_seconds: int = Field(3600, ge=0, description="How long a prompt's score is memoised")
     max_entries: int = Field(100_000, ge=0, description="Bound on memoised scores")
