@@ -111,8 +111,12 @@ def decide(policy: Policy, current: int, ready: int, sample: Sample | None, dema
     if problem is not None:
         # Hold, and restart the down window: a gap must never shorten it.
         held = min(max(current, floor), hi)
+        kept = replace(state, below_since=None, down_target=None, idle_since=None)
+        if held > current:  # up to minReplicas needs no metrics, but still only what the pool can place
+            return _bounded(held, problem[0], f"{problem[1]}; raising to minReplicas {held}", kept, False, placeable,
+                            pool, current)
         return Decision(held, problem[0], f"{problem[1]}; holding {held} replicas (never scaling down on missing "
-                        "data)", replace(state, below_since=None, down_target=None, idle_since=None), False)
+                        "data)", kept, False)
     assert sample is not None
     if current < floor or current > hi:
         target = min(max(current, floor), hi)
@@ -182,9 +186,10 @@ def _metrics_problem(sample: Sample | None, ready: int, now: float) -> tuple[str
 
 
 def placeable_replicas(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], gfd_product: str,
-                       gpus_per_replica: int, current: int) -> int:
-    """Replicas that can run now: those that exist plus what the free GPUs of each schedulable node of
-    the product hold (a replica's GPUs are on one node)."""
+                       gpus_per_replica: int, scheduled: int) -> int:
+    """Replicas that can run now: this upstream's pods already on a node (`scheduled`; a Pending one
+    holds no GPU) plus what the free GPUs of each schedulable node of the product hold (a replica's
+    GPUs are on one node)."""
     used: dict[str, int] = {}
     for pod in pods:
         node = pod.get("spec", {}).get("nodeName")
@@ -202,7 +207,7 @@ def placeable_replicas(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], 
             continue
         alloc = int(node.get("status", {}).get("allocatable", {}).get(gpus.GPU_RESOURCE, 0))
         free += max(0, alloc - used.get(meta.get("name", ""), 0)) // max(1, gpus_per_replica)
-    return current + free
+    return scheduled + free
 
 
 def sample_from(query: Callable[[str], list[dict[str, Any]] | None], namespace: str, name: str) -> Sample | None:

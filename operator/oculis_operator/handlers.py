@@ -456,12 +456,14 @@ def _autoscale(kube: Kube, spec: dict[str, Any], status: dict[str, Any], dep: di
         return enginelog.prometheus_result(PROMETHEUS_URL, q)
 
     gfd = gpus.lookup(gpu.product).gfd_product
-    nodes, pods = kube.gpu_nodes_and_pods(gfd)
+    nodes, pods = kube.gpu_nodes_and_pods(gfd)  # pods on those nodes only: ours that hold GPUs
+    scheduled = sum(1 for p in pods if p["metadata"].get("namespace") == ns
+                    and (p["metadata"].get("labels") or {}).get(render.UPSTREAM_LABEL) == name)
     return autoscale.decide(
         policy, current, ready, autoscale.sample_from(query, ns, name) if dep is not None else None,
         autoscale.demand_from(query, ns, name, AUTOSCALE_DEMAND_WINDOW_SECONDS),
         autoscale.state_from_status(status.get("autoscaling")), time.time(),
-        autoscale.placeable_replicas(nodes, pods, gfd, gpu.count, current), pool=gpu.product)
+        autoscale.placeable_replicas(nodes, pods, gfd, gpu.count, scheduled), pool=gpu.product)
 
 
 def _classifier_drift(namespace: str, route: str, alarm: dict[str, Any] | None,

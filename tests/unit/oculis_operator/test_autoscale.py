@@ -61,6 +61,12 @@ CASES: list[tuple[str, Policy, int, int, Sample | None, float | None, State, int
     ("unknown demand at zero stays at zero", P0, 0, 0, None, None, State(), 8, 0, "DemandUnknown"),
     ("zero below minReplicas comes back", P, 0, 0, None, 0, State(), 8, 1, "BelowMinimum"),
     ("above maxReplicas (spec edited) comes down", P, 6, 6, s(pods=6), 0, State(), 8, 4, "OutOfBounds"),
+    ("below minReplicas comes up", Policy(**{**P.__dict__, "min_replicas": 3}), 1, 1, s(), 0, State(), 8, 3,
+     "OutOfBounds"),
+    ("below minReplicas only to what the pool places", Policy(**{**P.__dict__, "min_replicas": 3}), 1, 1, s(), 0,
+     State(), 2, 2, "WaitingForGPUs"),
+    ("below minReplicas without metrics still only what the pool places", Policy(**{**P.__dict__,
+     "min_replicas": 3}), 1, 0, None, 0, State(), 2, 2, "WaitingForGPUs"),
 ]
 
 
@@ -71,7 +77,8 @@ def test_autoscale_decision_table(name: str, policy: Policy, current: int, ready
                                   reason: str) -> None:
     d = decide(policy, current, ready, sample, demand, state, NOW, placeable, pool="H100-80GB")
     assert (d.desired, d.reason) == (want, reason), d.message
-    assert d.metrics_ok == (reason not in ("MetricsMissing", "MetricsStale", "MetricsPartial", "DemandUnknown"))
+    missing = (sample is None and current > 0) or reason in ("MetricsStale", "MetricsPartial", "DemandUnknown")
+    assert d.metrics_ok == (not missing)
 
 
 def test_scrape_gap_restarts_the_scale_down_window() -> None:
@@ -115,7 +122,7 @@ def test_placeable_counts_free_gpu_sets_per_node() -> None:
     nodes = [node("a", 8), node("b", 3), node("c", 8, unschedulable=True), node("d", 8, product="other")]
     pods = [pod("a", 2), pod("a", 2), pod("b", 1), pod("b", 2, phase="Succeeded")]
     # a: 4 free -> 2 sets of 2; b: 2 free -> 1 set; c cordoned; d another product
-    assert placeable_replicas(nodes, pods, "NVIDIA-H100-80GB-HBM3", 2, current=2) == 5
+    assert placeable_replicas(nodes, pods, "NVIDIA-H100-80GB-HBM3", 2, scheduled=2) == 5
 
 
 def _vec(*rows: tuple[str, float, float]) -> list[dict]:
