@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from cachetools import TTLCache
@@ -156,9 +157,10 @@ class RedisStore:
     TIMEOUT_S = 0.25
     WARN_EVERY_S = 10.0
 
-    def __init__(self, url: str, ttl_seconds: int, client: Any = None) -> None:
+    def __init__(self, url: str, ttl_seconds: int, client: Any = None,
+                 on_error: Callable[[str], None] | None = None) -> None:
         """`client`: a redis.asyncio client shared with other stores (their owner closes it); without
-        one the store makes and closes its own."""
+        one the store makes and closes its own. `on_error(op)` counts each failed get/set."""
         import redis.asyncio as redis
 
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError, TimeoutError)
@@ -166,8 +168,11 @@ class RedisStore:
         self._redis = client if client is not None else new_redis_client(url)
         self._ttl = ttl_seconds
         self._warned_at = -self.WARN_EVERY_S
+        self._on_error = on_error
 
-    def _unavailable(self, exc: BaseException) -> None:
+    def _unavailable(self, exc: BaseException, op: str) -> None:
+        if self._on_error is not None:
+            self._on_error(op)
         now = time.monotonic()
         if now - self._warned_at >= self.WARN_EVERY_S:
             self._warned_at = now
@@ -177,7 +182,7 @@ class RedisStore:
         try:
             raw = await self._redis.get(key)
         except self._errors as exc:
-            self._unavailable(exc)
+            self._unavailable(exc, "get")
             await drop_idle(self._redis)
             return None
         return None if raw is None else json.loads(raw)
@@ -186,7 +191,7 @@ class RedisStore:
         try:
             await self._redis.set(key, json.dumps(value), ex=self._ttl)
         except self._errors as exc:
-            self._unavailable(exc)
+            self._unavailable(exc, "set")
             await drop_idle(self._redis)
 
     async def close(self) -> None:

@@ -28,6 +28,10 @@ class Metrics:
                                         ["route"], registry=r,
                                         buckets=(0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05))
         self.cache = Counter("oculis_cache_lookups", "Response cache lookups", ["route", "result"], registry=r)
+        # A backend error is served as a miss (the cache is an optimisation), so it needs its own count
+        # for an alert to see it.
+        self.cache_errors = Counter("oculis_cache_errors", "Response cache backend errors (served as misses)",
+                                    ["backend", "op"], registry=r)
         self.escalations = Counter("oculis_escalations", "Requests moved up a tier", ["route", "reason"], registry=r)
         self.prompt_tokens = Counter("oculis_prompt_tokens", "Prompt tokens", ["upstream"], registry=r)
         self.completion_tokens = Counter("oculis_completion_tokens", "Completion tokens", ["upstream"], registry=r)

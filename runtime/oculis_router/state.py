@@ -195,7 +195,9 @@ class ConfigHolder:
             assert url
             if url not in self._redis_clients:
                 self._redis_clients[url] = new_redis_client(url)
-            return RedisStore(url, route.cache.ttl_seconds, self._redis_clients[url])
+            errors = self.metrics.cache_errors
+            return RedisStore(url, route.cache.ttl_seconds, self._redis_clients[url],
+                              on_error=lambda op: errors.labels("redis", op).inc())
         return MemoryStore(route.cache.max_entries, route.cache.ttl_seconds)
 
     def reload(self) -> bool:

@@ -303,6 +303,10 @@ def test_a_redis_cache_that_is_down_only_costs_cache_hits(router: RouterHandle, 
         raw = chat(router, "cache me if you can", temperature=0)
         assert raw.headers["x-oculis-cache"] == "miss" and raw.parse().choices[0].message.content
     assert len(fakes.scripts["small"].received) == 2
+    # Served as misses, but counted as errors, so an alert (the chart's OculisCacheErrors) can see it.
+    text = generate_latest(router.app.state.metrics.registry).decode()
+    assert 'oculis_cache_errors_total{backend="redis",op="get"} 2.0' in text
+    assert 'oculis_cache_errors_total{backend="redis",op="set"} 2.0' in text
 
 
 def test_client_keys_when_configured(router: RouterHandle, fakes: Fakes, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -98,18 +98,15 @@ groups:
         annotations:
           summary: "Upstream {{ "{{" }} $labels.upstream {{ "}}" }} fails requests ({{ "{{" }} $labels.kind {{ "}}" }})"
           description: "More than one failure every 10 s after retries; requests fail over to the next tier."
-      - alert: OculisCacheHitsStopped
-        # The router counts a cache backend error (Redis unreachable) as a miss and serves on: a route
-        # whose hits stop while it still looks up is the sign of it.
-        expr: |
-          sum by (route) (rate(oculis_cache_lookups_total{result="hit"}[15m])) == 0
-            and sum by (route) (rate(oculis_cache_lookups_total[15m])) > 0
-            and sum by (route) (rate(oculis_cache_lookups_total{result="hit"}[1d] offset 15m)) > 0
-        for: 15m
+      - alert: OculisCacheErrors
+        # The router serves a cache backend error (Redis unreachable or slow) as a miss and goes on, so
+        # only this counter shows it: answers are not lost, but every request pays the upstream.
+        expr: sum by (backend, op) (rate(oculis_cache_errors_total[5m])) > 0
+        for: 5m
         labels: {severity: warning}
         annotations:
-          summary: "Route {{ "{{" }} $labels.route {{ "}}" }} gets no response-cache hits any more"
-          description: "Its lookups all miss after a day with hits: check the cache backend (Redis) in the router's log."
+          summary: "Response cache backend {{ "{{" }} $labels.backend {{ "}}" }} fails ({{ "{{" }} $labels.op {{ "}}" }})"
+          description: "Lookups are served as misses; check the router's Redis (the router log warns every 10 s)."
       - alert: OculisRouterConfigRejected
         expr: sum(increase(oculis_config_reloads_total{result="rejected"}[10m])) > 0
         labels: {severity: warning}
