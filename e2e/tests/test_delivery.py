@@ -438,7 +438,7 @@ def test_the_prometheus_rules_pass_promtool_and_watch_exported_metrics(helm_only
     used = {w for w in re.findall(r"\b(oculis_[a-z_]+)", exprs)}
     assert used and used <= exported, used - exported
     assert {"oculis_operator_refusals_total", "oculis_operator_upstreams", "oculis_escalations_total",
-            "oculis_cache_lookups_total"} <= used
+            "oculis_cache_errors_total"} <= used
     monitor = kinds["ServiceMonitor"]["spec"]
     assert monitor["selector"]["matchLabels"]["app.kubernetes.io/component"] == "router"
     assert monitor["endpoints"][0]["port"] == "metrics"
