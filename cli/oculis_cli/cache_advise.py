@@ -10,14 +10,13 @@ from typing import Any, TextIO
 
 from oculis_cli import cache_advise_core as core
 from oculis_cli import checks_output as out
-from oculis_cli.cost import add_window_flags, resolve_window
+from oculis_cli.clusterinputs import window_inputs
+from oculis_cli.cost import add_window_flags
 from oculis_cli.cost_sources import (
     EXIT_USAGE,
     Catalog,
     SourceError,
     add_source_flags,
-    counters,
-    load_catalog,
     open_prometheus,
 )
 from oculis_cli.inputs import finite_float
@@ -61,17 +60,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             return EXIT_USAGE
         reports = [core.advise(",".join(args.upstream) or "-", given, None, 0.0)]
         return emit({"window": None, "upstreams": reports}, args.output, stdout)
-    w = resolve_window(args, "cache advise")
-    if w is None:
-        return EXIT_USAGE
-    t0, t1 = w
-    try:
-        catalog = load_catalog(args)
-        with open_prometheus(args) as prom:
-            c = counters(prom, t0, t1, args.router_selector)
-    except SourceError as exc:
-        print(f"oculis cache advise: {exc}", file=sys.stderr)
-        return exc.code
+    got = window_inputs(args, "cache advise")
+    if isinstance(got, int):
+        return got
+    t0, t1, catalog, c = got.t0, got.t1, got.catalog, got.counters
     names = args.upstream or sorted(u for u, v in c.prompt_tokens.items() if v > 0)
     known = {u.name for u in catalog.config.upstreams}
     unknown = [u for u in names if u not in known]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from oculis_cli import checks_output as out
 from oculis_cli import cost_core, route_window_core
-from oculis_cli.cost_sources import EXIT_USAGE, SourceError, add_source_flags, counters, load_catalog, open_prometheus
+from oculis_cli.clusterinputs import emit, window_inputs
+from oculis_cli.cost_sources import EXIT_USAGE, add_source_flags
 
 
 def add_window_flags(p: Any) -> None:
@@ -49,15 +49,6 @@ def parse_gpu(raw: str) -> tuple[str, cost_core.GPUCost]:
     return name, cost_core.GPUCost(value, count)
 
 
-def resolve_window(args: argparse.Namespace, command: str) -> tuple[datetime, datetime] | None:
-    try:
-        since = "7d" if args.since is None and args.start is None else args.since
-        return route_window_core.window(since, args.start, args.end, datetime.now(UTC))
-    except ValueError as exc:
-        print(f"oculis {command}: {exc}", file=sys.stderr)
-        return None
-
-
 def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     stdout = stdout or sys.stdout
     try:
@@ -70,29 +61,16 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     except ValueError as exc:
         print(f"oculis cost report: --gpu {exc}", file=sys.stderr)
         return EXIT_USAGE
-    w = resolve_window(args, "cost report")
-    if w is None:
-        return EXIT_USAGE
-    t0, t1 = w
-    try:
-        catalog = load_catalog(args)
-        with open_prometheus(args) as prom:
-            c = counters(prom, t0, t1, args.router_selector)
-    except SourceError as exc:
-        print(f"oculis cost report: {exc}", file=sys.stderr)
-        return exc.code
-    hours = (t1 - t0).total_seconds() / 3600
-    gpu = catalog.gpu | gpu_flags
-    cells = cost_core.cells(c, catalog.pricing, gpu, hours)
-    rep = cost_core.report(cells, group_by, cost_core.unattributed_dollars(c, cells),
-                           route_window_core.describe_window(t0, t1), bool(gpu))
-    rep["prices_from"] = catalog.source
-    if out.dump(rep, args.output, stdout):
-        return 0
-    if args.output == "csv":
-        out.write_csv(rep["rows"], stdout)
-        return 0
-    render(rep, stdout)
+    got = window_inputs(args, "cost report")
+    if isinstance(got, int):
+        return got
+    hours = (got.t1 - got.t0).total_seconds() / 3600
+    gpu = got.catalog.gpu | gpu_flags
+    cells = cost_core.cells(got.counters, got.catalog.pricing, gpu, hours)
+    rep = cost_core.report(cells, group_by, cost_core.unattributed_dollars(got.counters, cells),
+                           route_window_core.describe_window(got.t0, got.t1), bool(gpu))
+    rep["prices_from"] = got.catalog.source
+    emit(rep, args.output, stdout, "rows", render)
     return 0
 
 

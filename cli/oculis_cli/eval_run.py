@@ -16,10 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
-from oculis import ConfigError, Route
+from oculis import Route
 from oculis_cli import checks_output as out
 from oculis_cli import eval_core as core
-from oculis_cli.cost_sources import EXIT_UNREACHABLE, EXIT_USAGE, SourceError, add_source_flags, load_catalog
+from oculis_cli.clusterinputs import catalog_route, emit
+from oculis_cli.cost_sources import EXIT_UNREACHABLE, EXIT_USAGE, SourceError, add_source_flags
 from oculis_cli.inputs import InputError, finite_float, read_text
 
 
@@ -50,14 +51,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         print(f"oculis eval run: --tolerance-pp {args.tolerance_pp:g} is negative; give the allowed drop, e.g. 2.0",
               file=sys.stderr)
         return EXIT_USAGE
-    try:
-        route = load_catalog(args).config.route(args.route)
-    except SourceError as exc:
-        print(f"oculis eval run: {exc}", file=sys.stderr)
-        return exc.code
-    except ConfigError as exc:
-        print(f"oculis eval run: --route {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    got = catalog_route(args, "eval run")
+    if isinstance(got, int):
+        return got
+    route = got[1]
     try:
         text = read_text(args.suite, "--suite")
     except InputError as exc:
@@ -88,12 +85,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     rep["route"], rep["mode"], rep["skipped_lines"] = route.name, "offline" if offline else "online", len(errors)
     rep["baseline"] = {"tier": route.tiers[-1].name, "upstream": route.tiers[-1].upstream}
     code = core.EXIT_CODES[rep["overall"]["verdict"]]
-    if out.dump(rep, args.output, stdout):
-        return code
-    if args.output == "csv":
-        out.write_csv(rep["tiers"], stdout)
-        return code
-    render(rep, stdout)
+    emit(rep, args.output, stdout, "tiers", render)
     return code
 
 

@@ -8,42 +8,20 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from oculis import ConfigError
 from oculis_cli import checks_output as out
 from oculis_cli import route_window_core
-from oculis_cli.cost import resolve_window
-from oculis_cli.cost_sources import EXIT_USAGE, SourceError, counters, load_catalog, open_prometheus
+from oculis_cli.clusterinputs import emit, window_inputs
 
 
 def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     stdout = stdout or sys.stdout
-    w = resolve_window(args, "route analyze")
-    if w is None:
-        return EXIT_USAGE
-    t0, t1 = w
-    try:
-        catalog = load_catalog(args)
-        route = catalog.config.route(args.route)
-    except SourceError as exc:
-        print(f"oculis route analyze: {exc}", file=sys.stderr)
-        return exc.code
-    except ConfigError as exc:
-        print(f"oculis route analyze: --route {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        with open_prometheus(args) as prom:
-            c = counters(prom, t0, t1, args.router_selector)
-    except SourceError as exc:
-        print(f"oculis route analyze: {exc}", file=sys.stderr)
-        return exc.code
-    rep = route_window_core.table(route, c, catalog.pricing, (t1 - t0).total_seconds())
-    rep["window"] = route_window_core.describe_window(t0, t1)
-    if out.dump(rep, args.output, stdout):
-        return 0
-    if args.output == "csv":
-        out.write_csv(rep["tiers"], stdout)
-        return 0
-    render(rep, stdout)
+    got = window_inputs(args, "route analyze", route=True)
+    if isinstance(got, int):
+        return got
+    assert got.route is not None
+    rep = route_window_core.table(got.route, got.counters, got.catalog.pricing, (got.t1 - got.t0).total_seconds())
+    rep["window"] = route_window_core.describe_window(got.t0, got.t1)
+    emit(rep, args.output, stdout, "tiers", render)
     return 0
 
 
