@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import CLUSTER, E2E, eventually
+from e2e_support import CLUSTER, E2E, eventually, serve_pods
 from kubernetes import client, config
 
 
@@ -91,5 +91,12 @@ def namespace(api: client.ApiClient) -> Iterator[str]:
     eventually(lambda: core.read_namespaced_service_account("default", name), timeout=30)
     yield name
     core.delete_namespace(name)
+
+
+@pytest.fixture
+def served(namespace: str, operator: Any) -> Iterator[dict[str, Any]]:
+    """The test namespace's pods served by simulated engines and scraped by Prometheus (serve_pods)."""
+    with serve_pods(namespace) as files:
+        yield files
 
 

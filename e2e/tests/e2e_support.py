@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,3 +35,18 @@ def eventually(probe: Callable[[], T], timeout: float = 60, interval: float = 0.
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what or probe}: last {last!r}", pytrace=False)
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def serve_pods(namespace: str) -> Iterator[dict[str, Any]]:
+    """The namespace's pods served by simulated engines (`e2e/cluster serve-pods`) and scraped by a real
+    Prometheus, for as long as the block runs; yields the tool's file map (its last stdout line)."""
+    proc = subprocess.run([str(CLUSTER), "serve-pods", f"--namespace={namespace}"], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    files: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert files["prometheus"], "prometheus did not start"
+    try:
+        yield files
+    finally:
+        subprocess.run([str(CLUSTER), "serve-pods", "--stop"], capture_output=True, check=False)

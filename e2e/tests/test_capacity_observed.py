@@ -4,14 +4,12 @@ writes status.capacity {plannedTokens, observedTokens, errorPercent}, shown as O
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_support import CLUSTER, eventually
+from e2e_support import eventually
 from kubernetes import client
 from test_gpuupstream import World, upstream
 
@@ -21,17 +19,6 @@ pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prom
 @pytest.fixture
 def world(api: client.ApiClient, namespace: str, operator: Any) -> World:
     return World(api, namespace)
-
-
-@pytest.fixture
-def served(world: World) -> Iterator[dict[str, Any]]:
-    proc = subprocess.run([str(CLUSTER), "serve-pods", f"--namespace={world.ns}"], capture_output=True, text=True,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr
-    files: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert files["prometheus"], "prometheus did not start"
-    yield files
-    subprocess.run([str(CLUSTER), "serve-pods", "--stop"], capture_output=True, check=False)
 
 
 def test_status_shows_planned_and_observed_kv_from_the_simulated_engines(world: World, served: dict[str, Any],
