@@ -198,7 +198,10 @@ def render_routes(kube: Kube, namespace: str, logger: kopf.Logger, sweep: bool =
         live = {cm["metadata"]["name"]: cm for cm in kube.config_maps(namespace, routeconfig.SELECTOR)}
         if not routes and not live:
             return
-        desired = routeconfig.render_config_maps(routes, kube.list_custom(namespace, PLURAL)) if routes else {}
+        # What the operator last wrote: a route whose upstream vanished keeps its last good block.
+        previous = {cm: data for cm, obj in live.items() if (data := routeconfig.written_data(obj)) is not None}
+        desired = (routeconfig.render_config_maps(routes, kube.list_custom(namespace, PLURAL), previous)
+                   if routes else {})
         for cm, out in desired.items():
             current = live[cm] if cm in live else kube.config_map(namespace, cm)  # ours, unlabelled by hand?
             why = routeconfig.config_map_drift(current, out)

@@ -8,6 +8,11 @@ the router could not call; the other routes still render. Each route is checked 
 own schema, and so is the whole result, so the router never receives a config it would reject.
 When no route of a ConfigMap can be served it holds the empty config, which the router accepts and
 answers 404 for every model: the router never keeps serving a route its status says is left out.
+One exception keeps traffic flowing: a route refused only because a tier's GPUUpstream is gone keeps
+its last good block (and the upstream entries and Secret env it named) from the ConfigMap the
+operator last wrote, so its other tiers still answer and the vanished one fails over by escalation;
+its status says so (Degraded, UpstreamNotFound, "the router keeps serving this route's last good
+config"). Without such a rendering, or once the route is deleted, it leaves as above.
 An upstream's `revision` is its engine hash, so the router's response cache never serves an answer
 from a replaced model. External providers' keys stay in their Secrets: the config names an
 environment variable per upstream, and `secret-env.json` maps each variable to its Secret reference
@@ -24,6 +29,7 @@ import hashlib
 import json
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +49,7 @@ SELECTOR = ",".join(f"{k}={v}" for k, v in LABELS.items())
 ROUTE_API_VERSION, ROUTE_KIND = "oculis.dev/v1alpha1", "InferenceRoute"
 EMPTY: dict[str, Any] = {"oculis": {"upstreams": [], "routes": []}}
 LEFT_OUT = "the route is left out of the router config"
+KEPT = "the router keeps serving this route's last good config"
 
 
 @dataclass
@@ -183,14 +190,55 @@ def owner_references(routes: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in sorted(routes, key=lambda r: r["metadata"]["name"]) if r["metadata"].get("uid")]
 
 
-def render_config_maps(routes: list[dict[str, Any]], upstreams: list[dict[str, Any]]) -> dict[str, Rendered]:
+def written_data(current: dict[str, Any] | None) -> dict[str, str] | None:
+    """The live ConfigMap's data if it is what the operator last wrote (its hash annotation matches),
+    else None: a hand edit must never be carried over as a route's last good config."""
+    if current is None:
+        return None
+    data = current.get("data") or {}
+    written = ((current.get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION)
+    return dict(data) if written == data_digest(data) else None
+
+
+@dataclass
+class LastGood:
+    """A route's block from the previous rendering, with the upstream entries and Secret env it named."""
+
+    route: dict[str, Any]
+    upstreams: dict[str, dict[str, Any]]
+    secrets: dict[str, dict[str, Any]]  # by env variable name
+
+
+def last_good(previous: Mapping[str, str] | None, name: str) -> LastGood | None:
+    """Route `name` as the previous rendering (`previous`: that ConfigMap's data) served it; None when
+    it held no such route or cannot be read."""
+    if not previous:
+        return None
+    try:
+        doc = (yaml.safe_load(previous.get(CONFIG_KEY) or "") or {}).get("oculis") or {}
+        block = next((r for r in doc.get("routes") or [] if r.get("name") == name), None)
+        if block is None:
+            return None
+        by_name = {u["name"]: u for u in doc.get("upstreams") or []}
+        names = list(dict.fromkeys(t["upstream"] for t in block.get("tiers") or []))
+        if any(u not in by_name for u in names):
+            return None
+        secrets = {s["env"]: s for s in json.loads(previous.get(SECRETS_KEY) or "[]")}
+    except (yaml.YAMLError, json.JSONDecodeError, AttributeError, KeyError, TypeError):
+        return None
+    return LastGood(block, {u: by_name[u] for u in names}, secrets)
+
+
+def render_config_maps(routes: list[dict[str, Any]], upstreams: list[dict[str, Any]],
+                       previous: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Rendered]:
     """Every ConfigMap some route names, rendered from only the routes that name it. A route being
-    deleted is already gone (it must leave the router config now, not when its finalizers finish)."""
+    deleted is already gone (it must leave the router config now, not when its finalizers finish).
+    `previous`: each ConfigMap's data as the operator last wrote it (`written_data`), by name."""
     groups: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
     for route in routes:
         if not route["metadata"].get("deletionTimestamp"):
             groups[config_map_of(route)].append(route)
-    return {cm: render_namespace(group, upstreams) for cm, group in sorted(groups.items())}
+    return {cm: render_namespace(group, upstreams, (previous or {}).get(cm)) for cm, group in sorted(groups.items())}
 
 
 def config_map_drift(current: dict[str, Any] | None, out: Rendered) -> str | None:
@@ -211,12 +259,18 @@ def config_map_drift(current: dict[str, Any] | None, out: Rendered) -> str | Non
     return None
 
 
-def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any]]) -> Rendered:
-    """`routes` (those naming one ConfigMap) over the namespace's `upstreams` -> that ConfigMap."""
+def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any]],
+                     previous: Mapping[str, str] | None = None) -> Rendered:
+    """`routes` (those naming one ConfigMap) over the namespace's `upstreams` -> that ConfigMap.
+    `previous`: its data as the operator last wrote it, whence a route whose upstream vanished keeps
+    its last good block."""
     by_name = {u["metadata"]["name"]: u for u in upstreams}
     verdicts: dict[str, RouteVerdict] = {}
     rendered_routes: list[dict[str, Any]] = []
     used: set[str] = set()
+    # Routes served from their last good block: name -> (present upstreams, vanished ones' entries and
+    # Secret env, the verdict should the whole config refuse them).
+    kept: dict[str, tuple[set[str], dict[str, tuple[dict[str, Any], dict[str, Any] | None]], RouteVerdict]] = {}
     entries: dict[str, tuple[dict[str, Any], dict[str, Any] | None, str | None]] = {}
 
     def checked(uname: str) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
@@ -259,8 +313,25 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
             continue
         missing = [t.upstream for t in spec.tiers if t.upstream not in by_name]
         if missing:
-            verdicts[name] = verdict(
+            left_out = verdict(
                 False, "UpstreamNotFound", f"no GPUUpstream named {', '.join(missing)} in this namespace; {LEFT_OUT}")
+            verdicts[name] = left_out
+            good = last_good(previous, name)
+            if good is None or any(u in by_name and checked(u)[2] for u in good.upstreams):
+                continue
+            # A vanished upstream keeps its last entry; a present one is rendered as it is now.
+            gone = {u: (e, good.secrets.get(e.get("api_key_env") or "")) for u, e in good.upstreams.items()
+                    if u not in by_name}
+            present = {u for u in good.upstreams if u in by_name}
+            try:
+                RouterConfig.model_validate({"upstreams": [checked(u)[0] if u in present else gone[u][0]
+                                                           for u in good.upstreams], "routes": [good.route]})
+            except ValidationError:
+                continue
+            rendered_routes.append(good.route)
+            kept[name] = (present, gone, left_out)
+            verdicts[name] = verdict(
+                False, "UpstreamNotFound", f"no GPUUpstream named {', '.join(missing)} in this namespace; {KEPT}")
             continue
         names = list(dict.fromkeys(t.upstream for t in spec.tiers))
         broken = [f"GPUUpstream {u}: {checked(u)[2]}" for u in names if checked(u)[2]]
@@ -299,8 +370,26 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
             # An upstream rolling with replicas still answering leaves the route Ready and settled: the
             # upstream reports its own rollout.
             verdicts[name] = verdict(True, "Rendered", "in the router config", degraded=False)
-    doc = {"oculis": {"upstreams": [checked(u)[0] for u in sorted(used)], "routes": rendered_routes}}
-    secrets = [s for u in sorted(used) if (s := checked(u)[1])]
+
+    def assemble(with_kept: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        serving = [r for r in rendered_routes if with_kept or r["name"] not in kept]
+        current = used.union(*(k[0] for n, k in kept.items() if with_kept))
+        gone = {u: g for n, k in kept.items() if with_kept for u, g in k[1].items()}
+        names = sorted(current | gone.keys())
+        doc = {"oculis": {"upstreams": [checked(u)[0] if u in current else gone[u][0] for u in names],
+                          "routes": serving}}
+        return doc, [s for u in names if (s := checked(u)[1] if u in current else gone[u][1])]
+
+    doc, secrets = assemble(True)
+    if kept:
+        try:
+            RouterConfig.model_validate(doc["oculis"])
+        except ValidationError:  # a last good block that no longer fits (say its upstream's name is now a route's)
+            for n in kept:
+                verdicts[n] = kept[n][2]
+            rendered_routes = [r for r in rendered_routes if r["name"] not in kept]
+            kept.clear()
+            doc, secrets = assemble(False)
     try:
         RouterConfig.model_validate(doc["oculis"])  # exactly what the router will accept
     except ValidationError as exc:  # each route passed alone; a conflict between them is still refused

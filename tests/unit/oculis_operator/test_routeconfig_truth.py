@@ -3,6 +3,7 @@ a bad upstream or a bad route costs only the routes it touches, and names cannot
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,9 @@ def routes_in(out: routeconfig.Rendered) -> list[str]:
 
 
 def test_a_config_map_whose_routes_cannot_be_served_holds_the_empty_config(tmp_path: Path) -> None:
-    # The only route now names a missing upstream: the ConfigMap must drop it, not keep the old route.
-    out = routeconfig.render_namespace([ir("solo", "gone")], [])
+    # The only route names a missing upstream and no previous rendering holds it: the ConfigMap must
+    # not serve it (with one, the route keeps its last good block: the tests below).
+    out = routeconfig.render_namespace([ir("solo", "gone")], [], previous=None)
     assert out.routes["solo"].reason == "UpstreamNotFound" and "left out" in out.routes["solo"].message
     assert yaml.safe_load(out.data[routeconfig.CONFIG_KEY]) == routeconfig.EMPTY
     assert out.owners == [{"apiVersion": "oculis.dev/v1alpha1", "kind": "InferenceRoute", "name": "solo",
@@ -159,3 +161,74 @@ def test_the_live_config_map_is_compared_whole_so_hand_edits_are_reverted() -> N
     assert routeconfig.config_map_drift(live(older), out) == "routes changed"
     assert routeconfig.config_map_drift(live(out, ownerReferences=[]), out) == "owners changed"
     assert routeconfig.config_map_drift(live(out, labels={}), out) == "labels or annotations edited by hand"
+
+
+def test_a_route_whose_upstream_vanished_keeps_serving_its_last_good_config(tmp_path: Path) -> None:
+    upstreams = [gu("small"), gu("big", "openai", apiKeySecretRef={"name": "openai-key"})]
+    before = routeconfig.render_namespace([ir("r", "small", "big"), ir("other", "small")], upstreams)
+    assert before.routes["r"].ready and routes_in(before) == ["other", "r"]
+    # The upstream of tier t1 is deleted: the route stays in the ConfigMap, with the vanished upstream's
+    # last entry and its Secret env, so tier t0 still answers and t1 fails over by escalation.
+    out = routeconfig.render_namespace([ir("r", "small", "big"), ir("other", "small")], [gu("small")],
+                                       previous=before.data)
+    verdict = out.routes["r"]
+    assert (verdict.ready, verdict.degraded, verdict.reason) == (False, True, "UpstreamNotFound")
+    assert verdict.message == ("no GPUUpstream named big in this namespace; "
+                               "the router keeps serving this route's last good config")
+    assert [t["ready"] for t in verdict.tier_status] == [True, False]
+    assert routes_in(out) == ["other", "r"]
+    assert out.data == before.data
+    assert json.loads(out.data[routeconfig.SECRETS_KEY]) == [
+        {"env": "OCULIS_KEY_BIG", "secret": "openai-key", "key": "api-key"}]
+    # The carried-over content is what is desired: rendering again over it writes nothing.
+    again = routeconfig.render_namespace([ir("r", "small", "big"), ir("other", "small")], [gu("small")],
+                                         previous=routeconfig.written_data(live(out)))
+    assert again.data == out.data and routeconfig.config_map_drift(live(out), again) is None
+    # The router loads it and serves the route.
+    path = tmp_path / "oculis-config.yaml"
+    path.write_text(out.data[routeconfig.CONFIG_KEY])
+    assert "r" in [r.name for r in parse_config(path.read_text()).routes]
+    # The upstream comes back: normal rendering, Ready again.
+    back = routeconfig.render_namespace([ir("r", "small", "big"), ir("other", "small")], upstreams,
+                                        previous=out.data)
+    assert back.routes["r"].ready and back.data == before.data
+
+
+def test_the_last_good_config_is_found_through_the_config_map_the_route_names() -> None:
+    before = routeconfig.render_config_maps([ir("r", "small", config_map="other-config")], [gu("small")])
+    previous = {cm: out.data for cm, out in before.items()}
+    outs = routeconfig.render_config_maps([ir("r", "small", config_map="other-config")], [], previous)
+    assert routes_in(outs["other-config"]) == ["r"] and "keeps serving" in outs["other-config"].routes["r"].message
+    # Another ConfigMap's rendering is not this route's.
+    moved = routeconfig.render_config_maps([ir("r", "small")], [], previous)
+    assert routes_in(moved["oculis-router-config"]) == [] and "left out" in moved["oculis-router-config"].routes[
+        "r"].message
+    # A deleted route leaves at once, last good config or not.
+    going = ir("r", "small", config_map="other-config", deletionTimestamp="2026-12-01T00:00:00Z")
+    assert routeconfig.render_config_maps([going], [], previous) == {}
+
+
+def test_only_a_vanished_upstream_keeps_a_route_in_the_router_config() -> None:
+    before = routeconfig.render_namespace([ir("r", "small")], [gu("small")]).data
+    # An invalid spec, a name collision and an invalid upstream are refusals of the route itself.
+    bad_spec = ir("r", "small")
+    bad_spec["spec"]["tiers"][0]["match"] = {"complexityBelow": 7}
+    invalid = routeconfig.render_namespace([bad_spec], [gu("small")], before)
+    assert invalid.routes["r"].reason == "InvalidSpec" and routes_in(invalid) == []
+    collision = routeconfig.render_namespace([ir("r", "small")], [gu("small"), gu("r")], before)
+    assert collision.routes["r"].reason == "NameCollision" and routes_in(collision) == []
+    # A tier over a vanished upstream and another over a broken one: the broken one counts.
+    two = routeconfig.render_namespace([ir("r", "small", "compat")], [gu("small"), gu("compat", "openai")])
+    broken = routeconfig.render_namespace([ir("r", "small", "compat")],
+                                          [gu("compat", "openai-compatible")], two.data)
+    assert routes_in(broken) == [] and "left out" in broken.routes["r"].message
+
+
+def test_a_config_map_edited_by_hand_is_never_a_last_good_config() -> None:
+    out = routeconfig.render_namespace([ir("r", "small")], [gu("small")])
+    assert routeconfig.written_data(live(out)) == out.data
+    edited = live(out)
+    edited["data"][routeconfig.CONFIG_KEY] += "# hand edit\n"
+    assert routeconfig.written_data(edited) is None and routeconfig.written_data(None) is None
+    gone = routeconfig.render_namespace([ir("r", "small")], [], routeconfig.written_data(edited))
+    assert routes_in(gone) == [] and "left out" in gone.routes["r"].message
