@@ -1,6 +1,7 @@
 """The router ConfigMap always equals the current routes: on the real API server, with the real
 garbage collector, the operator's ConfigMaps hold exactly the routes that name them and can be
-served, are owned by those routes, revert hand edits, and go when no route names them."""
+served (a route whose upstream was deleted keeping its last good config, Degraded), are owned by those
+routes, revert hand edits, and go when no route names them."""
 
 from __future__ import annotations
 
@@ -154,17 +155,40 @@ def test_unrelated_routes_stay_ready_when_one_breaks_or_collides(r: Routes) -> N
     assert r.ready("r") == ("True", "Rendered") and r.routes_in() == ["r"]
 
 
-def test_an_upstream_deleted_under_a_live_route_takes_the_route_out(r: Routes) -> None:
+def test_an_upstream_deleted_under_a_live_route_keeps_its_last_good_config(r: Routes) -> None:
     r.upstream("gpt")
     r.upstream("claude", provider="anthropic")
     r.route("keep", "claude")
-    r.route("lose", "gpt")
+    r.route("lose", "claude", "gpt")
     eventually(lambda: r.routes_in() == ["keep", "lose"], what="both rendered")
     r.custom.delete_namespaced_custom_object(G, V, r.ns, "gpuupstreams", "gpt")
-    eventually(lambda: r.routes_in() == ["keep"], what="the route over the deleted upstream left the config")
-    assert r.ready("lose") == ("False", "UpstreamNotFound") and r.ready("keep")[0] == "True"
+    # The router keeps serving the route (its claude tier answers, the gpt tier fails over), and its
+    # status says so: Degraded, naming the vanished upstream.
+    eventually(lambda: r.ready("lose") == ("False", "UpstreamNotFound"), what="the route names the deleted upstream")
+    obj = r.custom.get_namespaced_custom_object(G, V, r.ns, "inferenceroutes", "lose")
+    degraded = next(c for c in obj["status"]["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["message"] == (
+        "no GPUUpstream named gpt in this namespace; the router keeps serving this route's last good config")
+    assert r.ready("keep")[0] == "True" and r.routes_in() == ["keep", "lose"]
     cfg = parse_config(r.cm().data["oculis-config.yaml"])
-    assert [u.name for u in cfg.upstreams] == ["claude"]
+    assert [u.name for u in cfg.upstreams] == ["claude", "gpt"]
+    # The upstream comes back: normal rendering, Ready again.
+    r.upstream("gpt")
+    eventually(lambda: r.ready("lose")[0] == "True", what="the route Ready over the recreated upstream")
+    # With the upstream gone again, deleting the route takes it (and the upstream entry) out.
+    r.custom.delete_namespaced_custom_object(G, V, r.ns, "gpuupstreams", "gpt")
+    eventually(lambda: r.ready("lose") == ("False", "UpstreamNotFound"), what="degraded again")
+    r.delete_route("lose")
+    eventually(lambda: r.routes_in() == ["keep"], what="the deleted route left the config")
+    assert [u.name for u in parse_config(r.cm().data["oculis-config.yaml"]).upstreams] == ["claude"]
+
+
+def test_a_route_over_a_missing_upstream_that_never_rendered_is_left_out(r: Routes) -> None:
+    r.upstream("claude", provider="anthropic")
+    r.route("keep", "claude")
+    r.route("never", "claude", "ghost")
+    eventually(lambda: r.ready("never") == ("False", "UpstreamNotFound"), what="the route names the missing upstream")
+    assert r.routes_in() == ["keep"]
 
 
 @pytest.mark.parametrize(("kind", "body", "expected"), [

@@ -311,13 +311,24 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
                 f"a GPUUpstream named {name} exists in this namespace, and a request for model {name} would reach "
                 f"it, never this route; rename the route or the upstream; {LEFT_OUT}")
             continue
+        # Only set fields: the router applies the same defaults, and a person reading the ConfigMap
+        # need not read past a null for every field left out.
+        # configMap and classifierDrift are the operator's settings, not the router's.
+        body = spec.model_dump(exclude={"config_map", "classifier_drift"}, mode="json", exclude_none=True)
+        if spec.classifier.head_from is not None:  # the router reads the ConfigMap where it is mounted
+            ref = spec.classifier.head_from.config_map_key_ref
+            body["classifier"].pop("head_from")
+            body["classifier"]["head_path"] = f"{HEADS_DIR}/{ref.name}/{ref.key}"
+        route_doc = {"name": name, **body}
         missing = [t.upstream for t in spec.tiers if t.upstream not in by_name]
         if missing:
             left_out = verdict(
                 False, "UpstreamNotFound", f"no GPUUpstream named {', '.join(missing)} in this namespace; {LEFT_OUT}")
             verdicts[name] = left_out
             good = last_good(previous, name)
-            if good is None or any(u in by_name and checked(u)[2] for u in good.upstreams):
+            # Only this very spec, as last rendered, is kept: a route edited to name a missing upstream
+            # is broken by its edit and leaves, rather than serve a spec it no longer has.
+            if good is None or good.route != route_doc or any(u in by_name and checked(u)[2] for u in good.upstreams):
                 continue
             # A vanished upstream keeps its last entry; a present one is rendered as it is now.
             gone = {u: (e, good.secrets.get(e.get("api_key_env") or "")) for u, e in good.upstreams.items()
@@ -339,15 +350,6 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
             verdicts[name] = verdict(False, "InvalidUpstream", f"{'; '.join(broken)}; {LEFT_OUT}")
             continue
         states = {u: upstream_state(by_name[u]) for u in names}
-        # Only set fields: the router applies the same defaults, and a person reading the ConfigMap
-        # need not read past a null for every field left out.
-        # configMap and classifierDrift are the operator's settings, not the router's.
-        body = spec.model_dump(exclude={"config_map", "classifier_drift"}, mode="json", exclude_none=True)
-        if spec.classifier.head_from is not None:  # the router reads the ConfigMap where it is mounted
-            ref = spec.classifier.head_from.config_map_key_ref
-            body["classifier"].pop("head_from")
-            body["classifier"]["head_path"] = f"{HEADS_DIR}/{ref.name}/{ref.key}"
-        route_doc = {"name": name, **body}
         try:  # this route alone, with its upstreams, as the router will read it
             RouterConfig.model_validate({"upstreams": [checked(u)[0] for u in names], "routes": [route_doc]})
         except ValidationError as exc:

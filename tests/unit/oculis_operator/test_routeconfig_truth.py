@@ -217,6 +217,11 @@ def test_only_a_vanished_upstream_keeps_a_route_in_the_router_config() -> None:
     assert invalid.routes["r"].reason == "InvalidSpec" and routes_in(invalid) == []
     collision = routeconfig.render_namespace([ir("r", "small")], [gu("small"), gu("r")], before)
     assert collision.routes["r"].reason == "NameCollision" and routes_in(collision) == []
+    # A route edited to name a missing upstream is broken by the edit: it leaves, never serving the
+    # spec it no longer has.
+    edited = routeconfig.render_namespace([ir("r", "missing")], [gu("small")], before)
+    assert edited.routes["r"].reason == "UpstreamNotFound" and "left out" in edited.routes["r"].message
+    assert routes_in(edited) == []
     # A tier over a vanished upstream and another over a broken one: the broken one counts.
     two = routeconfig.render_namespace([ir("r", "small", "compat")], [gu("small"), gu("compat", "openai")])
     broken = routeconfig.render_namespace([ir("r", "small", "compat")],
