@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import datetime
+import functools
 import logging
 import os
 import time
@@ -105,7 +107,12 @@ async def recheck(memo: kopf.Memo) -> None:
         for namespace, name in sorted(due):
             with contextlib.suppress(Exception):  # one failing upstream must not stop the others
                 named = Prefixed(log, {"obj": f"{namespace}/{name}"})
-                await asyncio.to_thread(reconcile_named, memo, namespace, name, named)
+                call = functools.partial(reconcile_named, memo, namespace, name, named)
+                # kopf sets its event queue only in the context of an object's handler, not of a startup
+                # task: without a handler's context kopf.info/warn raised LookupError here, so a recheck
+                # posted no Event and stopped before its warnings (a canary's rollback among them).
+                ctx = kube.event_context
+                await asyncio.to_thread(ctx.copy().run, call) if ctx is not None else await asyncio.to_thread(call)
         for namespace in sorted(kube.recheck_routes | DRIFT_NAMESPACES):
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(render_routes_or_recheck, kube, namespace, log, True)
@@ -126,8 +133,15 @@ def report(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     logger.info(f"oculis totals: {memo.kube.reconciles} reconciles, {memo.kube.requests} API requests")
 
 
+def remember_event_context(kube: Kube) -> None:
+    """Keep a handler's context (kopf's event queue is in it) for the recheck loop's reconciles."""
+    if kube.event_context is None:
+        kube.event_context = contextvars.copy_context()
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def upstream_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    remember_event_context(memo.kube)
     if type == "DELETED":
         # Owner references garbage-collect the workload; the routes over it must leave the config.
         render_routes_or_recheck(memo.kube, body["metadata"]["namespace"], logger)

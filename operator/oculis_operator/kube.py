@@ -3,6 +3,7 @@ observed state as plain dicts, creates, patches; counts its requests for the ben
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 from collections import defaultdict
@@ -46,6 +47,8 @@ class Kube:
         self.reported: dict[tuple[str, str], dict[str, str]] = {}  # warnings (reason -> message) last posted
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
+        # A kopf handler's context, so reconciles outside handlers (the recheck loop) can post Events.
+        self.event_context: contextvars.Context | None = None
 
     def lock_for(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
