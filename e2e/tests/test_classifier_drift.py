@@ -20,7 +20,7 @@ import pytest
 from e2e_support import eventually, localcluster
 from kubernetes import client
 from operator_fixture import free_port
-from test_autoscaling import ENGINE, served  # noqa: F401 (the fixture)
+from test_autoscaling import ENGINE, served, sim_ports  # noqa: F401 (served: the fixture)
 from test_gpuupstream import World, upstream
 from test_inferenceroute import route
 
@@ -57,6 +57,8 @@ def test_a_shift_of_the_traffic_mix_raises_classifier_drift(world: World, served
     world.custom.create_namespaced_custom_object(G, V, ns, "inferenceroutes", body)
     for name in ("short-up", "long-up"):
         eventually(lambda n=name: world.ready(n), timeout=120, what=f"{name} Ready")  # type: ignore[misc]
+        eventually(lambda n=name: sim_ports(served, f"{n}-vllm.{ns}.svc"), timeout=60,  # type: ignore[misc]
+                   what=f"{name}'s simulator in the endpoint map")
 
     def rendered() -> str:
         text = (world.core.read_namespaced_config_map("oculis-router-config", ns).data or {})["oculis-config.yaml"]
