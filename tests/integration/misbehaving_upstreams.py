@@ -123,8 +123,10 @@ class Misbehaving:
         body = await request.json()
         model = body.get("model", "")
         self.calls[model] += 1
-        if model == "hang":
-            await asyncio.sleep(3600)
+        if model == "hang":  # until the router gives up and closes the connection (so shutdown is quick)
+            while not await request.is_disconnected():
+                await asyncio.sleep(0.05)
+            return Response(status_code=499)
         if body.get("stream") and model in STREAMS:
             return StreamingResponse(_send(STREAMS[model]), media_type="text/event-stream")
         if model in BODIES:
