@@ -6,9 +6,11 @@ The CRD schema (`crds/gpuupstreams.oculis.dev.yaml`) is generated from these mod
 
 from __future__ import annotations
 
+import re
+from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from oculis.base import Model
 from oculis.gpus import GPU_PRODUCTS
@@ -43,9 +45,57 @@ class Toleration(Model):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to tolerate; empty matches all"""
 
+    @model_validator(mode="after")
+    def _as_the_api_server(self) -> Toleration:
+        # The pod template's own rules: without them a spec passed `kubectl apply` and its Deployment
+        # was refused later (found by e2e/tests/test_schema_dry_run.py).
+        if self.key and (why := key_problem(self.key)):
+            raise ValueError(f"tolerations[].key: {why}")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("tolerations[]: a toleration without `key` needs `operator: Exists` (it then "
+                             "tolerates every taint)")
+        if self.operator == "Exists" and self.value:
+            raise ValueError(f"tolerations[].value: must be empty with `operator: Exists` (got {self.value!r})")
+        if self.value and not re.fullmatch(LABEL_VALUE, self.value):
+            raise ValueError(f"tolerations[].value: {self.value!r} {LABEL_VALUE_RULE}")
+        return self
 
-# Kubernetes' resource.Quantity syntax, so a bad quantity is refused at apply, not by the Deployment later.
-QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+
+# Kubernetes' syntax for names and values copied into the pod template as they are.
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+LABEL_VALUE_RULE = ("is not a valid label value: at most 63 letters, digits, '-', '_' or '.', starting and ending "
+                    "with a letter or digit")
+_QUALIFIED_KEY = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                            r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` is not a Kubernetes label/annotation key (an optional DNS-subdomain prefix and '/',
+    then a name of at most 63 characters), or None."""
+    prefix, _, name = key.rpartition("/")
+    if not _QUALIFIED_KEY.fullmatch(key) or len(name) > 63 or len(prefix) > 253:
+        return (f"{key!r} is not a valid Kubernetes key: an optional DNS prefix such as example.com/, then at most "
+                "63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
+    return None
+
+
+# Kubernetes' resource.Quantity syntax (a number, then an SI or binary suffix or a decimal exponent),
+# so a bad quantity is refused at apply, not by the Deployment later. The API server's error message
+# quotes a looser expression than its parser accepts ("1.2.3" matched that one).
+QUANTITY = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
+_SUFFIX = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1), "k": Decimal("1e3"),
+           "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18"),
+           **{f"{p}i": Decimal(1024) ** (i + 1) for i, p in enumerate("KMGTPE")}}
+
+
+def quantity(text: str) -> Decimal:
+    """The value of a quantity QUANTITY accepts (64Gi -> 68719476736)."""
+    m = re.fullmatch(QUANTITY, text)
+    assert m, text
+    number, suffix = m.group(1), m.group(3) or ""
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        return Decimal(number) * Decimal(10) ** int(suffix[1:])
+    return Decimal(number) * _SUFFIX[suffix]
 
 
 class ResourceList(Model):
@@ -64,6 +114,16 @@ class Resources(Model):
     """Guaranteed CPU and memory"""
     limits: ResourceList | None = None
     """CPU and memory ceilings"""
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Resources:
+        for kind in ("cpu", "memory"):
+            want = getattr(self.requests, kind, None) if self.requests else None
+            cap = getattr(self.limits, kind, None) if self.limits else None
+            if want and cap and quantity(want) > quantity(cap):
+                raise ValueError(f"resources.requests.{kind} {want} is more than resources.limits.{kind} {cap}; "
+                                 "a request must be at most its limit")
+        return self
 
 
 class ModelConfig(Model):
@@ -332,7 +392,7 @@ class GPUUpstreamSpec(Model):
     pod_annotations: dict[str, str] | None = Field(None, description="Extra annotations on the engine pods")
     tolerations: list[Toleration] | None = None
     """Self-hosted: extra tolerations"""
-    image: str | None = Field(None, min_length=1)
+    image: str | None = Field(None, min_length=1, max_length=1024, pattern=r"^\S+$")
     """Self-hosted: engine image (default: the pinned vllm/vllm-openai)"""
     resources: Resources | None = None
     """Self-hosted: CPU and memory"""
@@ -364,6 +424,19 @@ class GPUUpstreamSpec(Model):
     @property
     def self_hosted(self) -> bool:
         return self.provider == "vllm"
+
+    @field_validator("pod_annotations", "node_selector")
+    @classmethod
+    def _kubernetes_keys(cls, value: dict[str, str] | None, info: ValidationInfo) -> dict[str, str] | None:
+        # Copied into the pod template as they are: a key (or a node label value) the API server refuses
+        # there passed `kubectl apply` and failed only when the operator wrote the Deployment.
+        field = "podAnnotations" if info.field_name == "pod_annotations" else "nodeSelector"
+        for k, v in (value or {}).items():
+            if why := key_problem(k):
+                raise ValueError(f"{field}: {why}")
+            if field == "nodeSelector" and not re.fullmatch(LABEL_VALUE, v):
+                raise ValueError(f"nodeSelector[{k!r}]: {v!r} {LABEL_VALUE_RULE}")
+        return value
 
     @model_validator(mode="after")
     def _shape(self) -> GPUUpstreamSpec:
