@@ -204,6 +204,8 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
             and spec.rollout.strategy == "Canary" and _template_hash(existing) != desired_hash):
         canary_held = _canary_gate(obs, spec, spec.rollout.canary or Canary(), desired, desired_hash,
                                    lambda: spare_gpus(product.gfd_product), now, status, out)
+        if "canary" in status:  # every key, null where unset: the status write is a merge patch
+            status["canary"] = {k: status["canary"].get(k, default) for k, default in CANARY_KEYS.items()}
     elif obs.canary_deployment is not None:  # no canary wanted now: none may linger and take traffic
         out.delete_canary = True
         out.log.append(f"Deleted canary Deployment {render.canary_name(obs.name)}: no canary in progress")
@@ -442,6 +444,13 @@ def _speculation_guard(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, 
 def condition_of(status: dict[str, Any], type_: str) -> dict[str, Any]:
     found: dict[str, Any] = next((c for c in status.get("conditions", []) or [] if c.get("type") == type_), {})
     return found
+
+
+# status.canary's keys and their value when unset; a key left out of a merge patch would keep the
+# previous generation's figure (an earlier canary's failed intervals counted against the next).
+CANARY_KEYS: dict[str, Any] = {"generation": None, "engineHash": None, "phase": None, "decision": None,
+                               "startedAt": None, "lastCheckAt": None, "intervals": 0, "failedIntervals": 0,
+                               "canaryRequests": None, "checks": [], "message": "", "summary": ""}
 
 
 def _canary_gate(obs: Observed, spec: GPUUpstreamSpec, policy: Canary, desired: dict[str, Any], desired_hash: str,

@@ -144,3 +144,17 @@ def test_startup_probe_generates_one_token_sized_from_the_weights() -> None:
     assert cmd[:2] == ["python3", "-c"] and "/v1/completions" in cmd[2]
     assert '"max_tokens": 1' in cmd[3] and '"model": "x"' in cmd[3]
     assert probe["failureThreshold"] >= 30 and c["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_a_new_canary_writes_every_status_key_so_a_merge_patch_clears_the_last_ones_figures() -> None:
+    dep, status = stable_world()
+    out = step(status, dep, "2026-01-01T00:00:00Z")
+    cdep = complete(out.create[0])
+    s = step(out.status, dep, "2026-01-01T00:00:05Z", cdep).status
+    back = step(s, dep, "2026-01-01T00:00:15Z", cdep, (SLOW, GOOD)).status
+    assert back["canary"]["failedIntervals"] == 1
+    newer = {**CHANGED, "engine": {"maxModelLen": 8192, "maxNumBatchedTokens": 8192, "gpuMemoryUtilization": 0.88}}
+    fresh = reconcile(Observed("x", "ns", "uid", 3, newer, back, dep), lambda p: 8, "2026-01-01T00:01:00Z").status
+    c = fresh["canary"]
+    assert c["generation"] == 3 and c["failedIntervals"] == 0 and c["intervals"] == 0 and c["checks"] == []
+    assert {"decision", "startedAt", "lastCheckAt", "canaryRequests"} <= c.keys() and c["decision"] is None
