@@ -63,3 +63,18 @@ def test_once_disabled_it_stays_disabled_for_the_generation() -> None:
 def test_queries_cover_every_engine_pod() -> None:
     q = speculative.queries("ns", "llama", 60)
     assert 'pod=~"llama-vllm-.+"' in q["draft_tokens"] and "[60s]" in q["accepted_tokens"]
+
+
+def test_operator_exports_acceptance_and_an_accepted_counter_that_survives_engine_restarts() -> None:
+    from oculis_operator.metrics import OperatorMetrics
+
+    m = OperatorMetrics()
+    key = ("ns", "llama")
+
+    def read(name: str) -> float | None:
+        return m.registry.get_sample_value(name, {"namespace": "ns", "upstream": "llama"})
+    m.observe_speculation(key, 0.3, 1000)
+    m.observe_speculation(key, 0.25, 1500)
+    m.observe_speculation(key, 0.2, 200)  # a pod restarted: its total began again
+    assert read("oculis_speculative_acceptance_rate") == 0.2
+    assert read("oculis_speculative_tokens_accepted_total") == 1000 + 500 + 200
