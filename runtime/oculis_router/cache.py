@@ -185,7 +185,14 @@ class RedisStore:
             self._unavailable(exc, "get")
             await drop_idle(self._redis)
             return None
-        return None if raw is None else json.loads(raw)
+        if raw is None:
+            return None
+        try:  # a value someone else wrote under our prefix, or cut short: a miss, never a 500
+            value = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            self._unavailable(exc, "get")
+            return None
+        return value if isinstance(value, dict) else None
 
     async def set(self, key: str, value: dict[str, Any]) -> None:
         try:
