@@ -331,6 +331,9 @@ def parse_response(endpoint: str, data: dict[str, Any]) -> dict[str, Any]:
             "usage": usage_to_openai(data.get("usage", {}))}
 
 
+MAX_EVENT_BYTES = 4 * 2**20  # far above any real event (a text delta is a few tokens)
+
+
 class StreamTranslator:
     """Anthropic SSE events in, OpenAI chat.completion.chunk SSE lines out."""
 
@@ -350,6 +353,10 @@ class StreamTranslator:
 
     def feed(self, data: bytes) -> list[bytes]:
         self._buf += data
+        if len(self._buf) > MAX_EVENT_BYTES and b"\n\n" not in self._buf:
+            # An event that never ends would grow this buffer without bound; the relay turns the error
+            # into a `stream_interrupted` event for the client.
+            raise ValueError(f"an Anthropic stream event exceeds {MAX_EVENT_BYTES} bytes without ending")
         out: list[bytes] = []
         while b"\n\n" in self._buf:
             event, self._buf = self._buf.split(b"\n\n", 1)

@@ -259,3 +259,10 @@ def test_an_answer_of_an_odd_shape_parses_or_raises_what_the_caller_retries(shap
     except (KeyError, TypeError, ValueError):
         return  # the caller counts it as an upstream answer of an unexpected shape
     assert out["choices"][0]["message"]["content"] == "" and out["usage"]["total_tokens"] == 0
+
+
+def test_a_stream_event_that_never_ends_is_refused_not_buffered_forever() -> None:
+    t = anthropic.StreamTranslator()
+    with pytest.raises(ValueError, match="without ending"):
+        for _ in range(anthropic.MAX_EVENT_BYTES // 2**16 + 2):
+            t.feed(b"x" * 2**16)
