@@ -1,0 +1,48 @@
+"""Load for the demo's canary step: long prompts to every pod of one Service host in the stand-in's
+endpoint map (stable and canary pods alike, as a Service spreads them), a few at a time each, until
+killed. Each prompt starts with a fresh word, so no prefix-cache hit hides the prefill the canary's
+change slows down.
+
+    python demo/load.py ENDPOINTS_JSON HOST MODEL
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+
+def ports(endpoints: Path, host: str) -> list[int]:
+    try:
+        pods = json.loads(endpoints.read_text()).get(host, {}).get("pods", [])
+    except (OSError, ValueError):  # the stand-in rewrites the file: read it again next round
+        return []
+    return [int(p["port"]) for p in pods]
+
+
+def one(port: int, model: str) -> None:
+    with contextlib.suppress(httpx.HTTPError):  # a pod going away mid-request: the next round skips it
+        httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30, json={
+            "model": model, "prompt": f"{uuid.uuid4()} " + "word " * 1500, "max_tokens": 16})
+
+
+def main() -> None:
+    endpoints, host, model = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        while True:
+            found = ports(endpoints, host)
+            list(pool.map(lambda p: one(p, model), found * 3))
+            if not found:
+                time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
