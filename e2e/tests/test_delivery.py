@@ -247,7 +247,8 @@ def test_the_chart_delivers_upstreams_and_routes_rolls_them_and_uninstalls_clean
         assert seen == {("True", "Rendered")}
         args = apps.read_namespaced_deployment("llama-8b-vllm", ns).spec.template.spec.containers[0].args
         assert "--max-num-seqs=96" in args
-        # An upstream removed from the values file: helm deletes it, and its route is Degraded, naming it.
+        # An upstream removed from the values file: helm deletes it, and its route is Degraded, naming it,
+        # while the router keeps serving the route's last good config (the llama-8b tier still answers).
         spec = yaml.safe_load(values.read_text())
         del spec["upstreams"]["gpt4o"]
         spec["upstreams"]["llama-8b"]["engine"]["maxNumSeqs"] = 96
@@ -258,7 +259,12 @@ def test_the_chart_delivers_upstreams_and_routes_rolls_them_and_uninstalls_clean
                          objs.custom.list_namespaced_custom_object(G, V, ns, "gpuupstreams")["items"]]
         eventually(lambda: names() == ["llama-8b"], what="gpt4o deleted by the upgrade")
         obj = objs.health("InferenceRoute", "adaptive", "Degraded", reason="UpstreamNotFound")
-        assert "no GPUUpstream named gpt4o" in argocd_health(obj)["message"]
+        assert argocd_health(obj)["message"] == (
+            "no GPUUpstream named gpt4o in this namespace; the router keeps serving this route's last good config")
+        cfg = yaml.safe_load(objs.core.read_namespaced_config_map(obj["status"]["configMap"], ns).data[
+            "oculis-config.yaml"])["oculis"]
+        assert [r["name"] for r in cfg["routes"]] == ["adaptive"]
+        assert sorted(u["name"] for u in cfg["upstreams"]) == ["gpt4o", "llama-8b"]
     finally:
         out = helm(bin_dir, kubeconfig, "uninstall", release, "-n", ns, "--wait")
     assert out.returncode == 0, out.stderr
