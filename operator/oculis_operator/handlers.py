@@ -399,7 +399,8 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     # retried and reported as ReconcileFailed).
     if _status_changed(status, out.status):
         kube.patch_status(ns, name, out.status)
-        render_routes_or_recheck(kube, ns, logger)  # readiness and engine hash feed the router config
+        if _status_changed(_for_routes(status), _for_routes(out.status)):
+            render_routes_or_recheck(kube, ns, logger)  # readiness and engine hash feed the router config
     for body in out.create:
         kube.create(body)
     if out.delete_canary:
@@ -502,6 +503,14 @@ def _classifier_drift(namespace: str, route: str, alarm: dict[str, Any] | None,
         return None
     conds.set("ClassifierDrift", verdict.status, verdict.reason, verdict.message)
     return verdict.traffic
+
+
+def _for_routes(status: dict[str, Any]) -> dict[str, Any]:
+    """The status less what an autoscaler rewrites every evaluation (its figures, ScalingActive's message),
+    which no router config reads: a busy autoscaled upstream must not re-render its routes every round."""
+    out = {k: v for k, v in status.items() if k != "autoscaling"}
+    out["conditions"] = [c for c in status.get("conditions", []) if c.get("type") != "ScalingActive"]
+    return out
 
 
 def _only_status_moved(type: str | None, body: kopf.Body) -> bool:
