@@ -87,8 +87,9 @@ def test_create_renders_vllm_on_the_right_gpus_and_becomes_ready(world: World, b
     assert world.get("llama")["metadata"].get("annotations", {}) == {}  # no progress kept in annotations
     table = subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "gu", "-n", world.ns],
                            capture_output=True, text=True, check=True).stdout
-    assert table.split("\n")[0].split() == ["NAME", "PROVIDER", "MODEL", "GPU", "REPLICAS", "READY-REPLICAS", "READY",
-                                            "REASON", "KV-TOKENS", "OBSERVED-KV", "MAX-CONC", "AGE"]
+    assert table.split("\n")[0].split() == ["NAME", "PROVIDER", "MODEL", "GPU", "REPLICAS", "DESIRED",
+                                            "READY-REPLICAS", "READY", "REASON", "KV-TOKENS", "OBSERVED-KV",
+                                            "MAX-CONC", "CANARY", "AGE"]
     assert "H100-80GB x1" in table and "AllReplicasReady" in table
 
 
