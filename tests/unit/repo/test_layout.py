@@ -74,3 +74,13 @@ def test_functional_core_imports_no_io_layer() -> None:
     assert not imported_by("oculis, oculis.crdgen") & {"kopf", "kubernetes", "oculis_operator", "oculis_router"}
     # The router's decisions never reach into the operator.
     assert "oculis_operator" not in imported_by("oculis_router.app, oculis_router.decide, oculis_router.cache")
+
+
+def test_test_modules_have_unique_basenames() -> None:
+    # pytest imports test modules by basename (rootdir-relative "rootless" folders): two files of one
+    # name in tests/ and e2e/tests stop the whole run at collection ("import file mismatch").
+    files = [p for p in (*ROOT.glob("tests/**/test_*.py"), *ROOT.glob("e2e/tests/test_*.py"))
+             if ".venv" not in p.parts]
+    seen: dict[str, Path] = {}
+    clashes = [(seen[p.name], p) for p in files if seen.setdefault(p.name, p) != p]
+    assert not clashes, clashes
