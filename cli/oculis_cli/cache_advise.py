@@ -97,12 +97,18 @@ def _self_hosted(prom: Any, name: str, model: str | None, start: float, end: flo
     model name (the upstream's name in a cluster, its `model` in a standalone config)."""
     from oculis_cli.prom import PromError
 
-    def of(metric: str) -> str:  # exact label matches (a PromQL string is JSON-quoted text, not a regex)
-        return " or ".join(f"{metric}{{model_name={json.dumps(n)}}}" for n in sorted({name, model or name}))
+    def grown(metric: str) -> float | None:
+        """Growth over the window per engine series (`deltas`: an engine pod that stopped before the
+        window's end, scaled to zero or replaced, still counts), summed; None when none was scraped."""
+        found: list[float] = []
+        for n in sorted({name, model or name}):  # exact label matches (a PromQL string is JSON-quoted text)
+            found += prom.deltas(f"{metric}{{model_name={json.dumps(n)}}}", ("model_name", "instance", "pod"), start,
+                                 end).values()
+        return sum(found) if found else None
 
     try:
-        hits = prom.delta(of("vllm:prefix_cache_hits_total"), start, end)
-        queries = prom.delta(of("vllm:prefix_cache_queries_total"), start, end)
+        hits = grown("vllm:prefix_cache_hits_total")
+        queries = grown("vllm:prefix_cache_queries_total")
     except PromError as exc:
         raise SourceError(str(exc), 5) from None
     return core.advise_self_hosted(name, hits, queries)

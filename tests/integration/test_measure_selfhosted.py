@@ -71,6 +71,14 @@ def test_cache_advise_reads_a_self_hosted_engines_prefix_cache(tmp_path: Path,
         # five of six requests reuse the long system prompt's blocks
         assert rep["prefix_hit_token_share"] is not None and 0.5 < rep["prefix_hit_token_share"] < 1, rep
         assert rep["verdict"] == "pays", rep
+        # The engine goes (scaled to zero, or its pod replaced): its traffic still counts for the window.
+        sim.terminate()
+        sim.wait(10)
+        time.sleep(3)  # a few scrapes fail, so Prometheus marks the engine's series stale
+        code = main(["cache", "advise", "--upstream", "llama-sim", "--since", "10m", "--config", str(cfg),
+                     "--prometheus-url", purl, "-o", "json"])
+        after = json.loads(capsys.readouterr().out)
+        assert code == 0 and after["prefix_hit_token_share"] == rep["prefix_hit_token_share"], after
     finally:
         for proc in reversed(procs):
             proc.terminate()
