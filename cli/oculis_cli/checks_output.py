@@ -46,9 +46,15 @@ def write_csv(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO,
           right: Sequence[str] = ()) -> None:
-    """A Rich table, printed to `out` (colour only on a terminal; Rich honours NO_COLOR)."""
-    from rich.console import Console
-    from rich.table import Table
+    """A Rich table, printed to `out` (colour only on a terminal; Rich honours NO_COLOR). Without Rich
+    (the router and operator images install only their extra, and `oculis status --check-deps` must
+    run there) the same table in plain aligned columns."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        plain_table(title, columns, rows, out, right)
+        return
 
     t = Table(title=title, title_justify="left", box=None, pad_edge=False, header_style="bold")
     for c in columns:
@@ -56,6 +62,17 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     for r in rows:
         t.add_row(*("-" if v is None else str(v) for v in r))
     Console(file=out, width=160, soft_wrap=True).print(t)
+
+
+def plain_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO,
+                right: Sequence[str] = ()) -> None:
+    cells = [list(columns), *[["-" if v is None else str(v) for v in r] for r in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    if title:
+        out.write(title + "\n")
+    for row in cells:
+        out.write("  ".join(v.rjust(w) if c in right else v.ljust(w)
+                            for v, w, c in zip(row, widths, columns, strict=True)).rstrip() + "\n")
 
 
 def line(text: str, out: TextIO) -> None:
