@@ -9,16 +9,14 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import subprocess
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from e2e_support import CLUSTER, eventually
+from e2e_support import eventually
 from kubernetes import client
 from test_gpuupstream import World, upstream
 
@@ -28,17 +26,6 @@ pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prom
 @pytest.fixture
 def world(api: client.ApiClient, namespace: str, operator: Any) -> World:
     return World(api, namespace)
-
-
-@pytest.fixture
-def served(world: World) -> Iterator[dict[str, Any]]:
-    proc = subprocess.run([str(CLUSTER), "serve-pods", f"--namespace={world.ns}"], capture_output=True, text=True,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr
-    files: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert files["prometheus"], "prometheus did not start"
-    yield files
-    subprocess.run([str(CLUSTER), "serve-pods", "--stop"], capture_output=True, check=False)
 
 
 def engine(acceptance: float) -> dict[str, Any]:
