@@ -39,8 +39,8 @@ from oculis_operator import (
     autoscale,
     canary,
     classifier_drift,
-    enginelog,
     hfconfig,
+    promquery,
     render,
     rollout,
     routeconfig,
@@ -356,7 +356,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         secret=kube.secret_state(ns, ref["name"], ref.get("key", "api-key")) if external and ref.get("name") else None,
         pending_reasons=kube.pending_reasons(ns, name) if rolling else [],
         service=service, pdb=pdb, model_config_text=config_text, model_config_problem=config_problem,
-        observed_kv_blocks=enginelog.prometheus_kv_blocks(PROMETHEUS_URL, ns, name) if dep is not None else None,
+        observed_kv_blocks=promquery.prometheus_kv_blocks(PROMETHEUS_URL, ns, name) if dep is not None else None,
         speculation=speculation, speculative_window_s=SPECULATIVE_WINDOW_SECONDS,
         canary_deployment=cdep, canary_samples=samples, autoscale=scaled,
     )
@@ -424,7 +424,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
 
 def read_speculation(namespace: str, name: str) -> speculative.Sample | None:
     """The guard's window from Prometheus; None when nothing came back (unreachable or not scraped)."""
-    values = {k: enginelog.prometheus_value(PROMETHEUS_URL, q)
+    values = {k: promquery.prometheus_value(PROMETHEUS_URL, q)
               for k, q in speculative.queries(namespace, name, SPECULATIVE_WINDOW_SECONDS).items()}
     if values["draft_tokens"] is None and values["accepted_total"] is None:
         return None
@@ -442,7 +442,7 @@ def read_canary(namespace: str, name: str, spec: dict[str, Any],
     if not canary.due(status, policy, _now()):
         return None
     window = max(1, duration_seconds(policy.interval))
-    read = {track: canary.sample({k: enginelog.prometheus_value(PROMETHEUS_URL, q)
+    read = {track: canary.sample({k: promquery.prometheus_value(PROMETHEUS_URL, q)
                                   for k, q in canary.queries(namespace, name, track, window).items()})
             for track in ("canary", "stable")}
     return read["canary"], read["stable"]
@@ -471,7 +471,7 @@ def _autoscale(kube: Kube, spec: dict[str, Any], status: dict[str, Any], dep: di
     ready = int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
 
     def query(q: str) -> list[dict[str, Any]] | None:
-        return enginelog.prometheus_result(PROMETHEUS_URL, q)
+        return promquery.prometheus_result(PROMETHEUS_URL, q)
 
     gfd = gpus.lookup(gpu.product).gfd_product
     nodes, pods = kube.gpu_nodes_and_pods(gfd)  # pods on those nodes only: ours that hold GPUs
@@ -496,7 +496,7 @@ def _classifier_drift(namespace: str, route: str, alarm: dict[str, Any] | None,
     except ValidationError:
         return None  # refused at apply by the CRD schema; a stored older object is just not watched
     verdict = classifier_drift.evaluate(
-        lambda q: enginelog.prometheus_result(PROMETHEUS_URL, q), namespace, route,
+        lambda q: promquery.prometheus_result(PROMETHEUS_URL, q), namespace, route,
         classifier_drift.window_seconds(spec.short_window), classifier_drift.window_seconds(spec.long_window),
         classifier_drift.DriftPolicy(factor=spec.factor, min_requests=spec.min_requests))
     if verdict is None:

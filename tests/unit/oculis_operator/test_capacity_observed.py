@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from oculis_operator import enginelog
+from oculis_operator import promquery
 from oculis_operator.reconcile import Observed, reconcile
 
 SPEC: dict[str, Any] = {"provider": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct",
@@ -88,7 +88,7 @@ def prometheus() -> Iterator[tuple[str, list[str]]]:
 def test_prometheus_reader_takes_the_smallest_replica_and_selects_the_engine_pods(
         prometheus: tuple[str, list[str]]) -> None:
     url, queries = prometheus
-    assert enginelog.prometheus_kv_blocks(url, "team-a", "llama") == 29700
+    assert promquery.prometheus_kv_blocks(url, "team-a", "llama") == 29700
     assert "team-a" in queries[0] and "llama-vllm-" in queries[0].replace("%2D", "-")
-    assert enginelog.prometheus_kv_blocks("", "ns", "x") is None
-    assert enginelog.prometheus_kv_blocks("http://127.0.0.1:9", "ns", "x", timeout=0.5) is None  # nothing there
+    assert promquery.prometheus_kv_blocks("", "ns", "x") is None
+    assert promquery.prometheus_kv_blocks("http://127.0.0.1:9", "ns", "x", timeout=0.5) is None  # nothing there
