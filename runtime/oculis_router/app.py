@@ -223,14 +223,15 @@ class Router:
             plan = plan_request(rt, body, self.metrics, endpoint)
             route_label = body["model"]
             plan = await self.cold_start(plan, route_label)
+            tenant = tenant_of(request)  # the limiter's identity and the cache's partition
             # Admission: after the plan (its prompt count and tiers' prices), before the cache and upstream.
             hold = None if rt.limiter is None else await rt.limiter.admit(
                 rt.config.server, plan.route.route if plan.route else None, route_label,
-                identity_of(request.headers, tenant_of(request)), body, plan.prompt_tokens,
+                identity_of(request.headers, tenant), body, plan.prompt_tokens,
                 [u.pricing for u in plan.tiers])
             key = None
             if plan.route and plan.route.store and rcache.cacheable(plan.route.route.cache, body):
-                key = rcache.cache_key(plan.route.route.cache, body, tenant_of(request), plan.tiers[0], endpoint)
+                key = rcache.cache_key(plan.route.route.cache, body, tenant, plan.tiers[0], endpoint)
                 hit = await plan.route.store.get(key)
                 self.metrics.cache.labels(route_label, "hit" if hit else "miss").inc()
                 if hit is not None:
