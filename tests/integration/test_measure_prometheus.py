@@ -45,7 +45,16 @@ class World:
 
 
 def _prompts() -> list[str]:
-    hard: list[str] = []
+    # Without the shared data beside the checkout (a bare clone), long multi-step questions of our own reach
+    # the upper tiers the same way: the classifier is length-led.
+    hard: list[str] = [
+        "This question refers to the following information. In 1215 the barons of England compelled King John "
+        "to seal a charter at Runnymede that limited royal power, guaranteed certain legal procedures and "
+        "protected church rights. Later generations reinterpreted it as a foundation of constitutional "
+        f"government and the rule of law. Question {i}: which of the following best explains why the charter "
+        "acquired lasting significance? A. It created the first elected parliament B. It was repeatedly "
+        "reissued and later read as a statement of general liberties C. It abolished feudal obligations "
+        "D. It was enforced by the papacy. Explain each step of your reasoning." for i in range(12)]
     if HARD.is_file():
         with HARD.open() as f:
             reader = csv.reader(f)
