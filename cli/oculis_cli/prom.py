@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -126,12 +127,25 @@ class Prometheus:
                 if not math.isnan(s.value)}
 
     def wait_scraped(self, at: float, timeout: float = 15.0) -> bool:
-        """Wait until every target has been scraped after unix time `at` (so a delta ending at `at` is
-        complete); False if that did not happen within `timeout` seconds."""
+        """Wait until every active target has been scraped after unix time `at` (so a delta ending at
+        `at` is complete); False if that did not happen within `timeout` seconds. It asks the targets
+        API rather than `up`: a target not yet scraped once has no `up` series, so `min(up)` would say
+        "all scraped" while one job had not started."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            oldest = self.scalar("min(timestamp(up))")
-            if oldest is not None and oldest >= at:
+            scraped = self._last_scrapes()
+            if scraped and min(scraped) >= at:
                 return True
             time.sleep(0.25)
         return False
+
+    def _last_scrapes(self) -> list[float]:
+        """Each active target's last scrape (unix seconds; 0 for one never scraped)."""
+        data = self._get("/api/v1/targets", {"state": "active"})
+        out: list[float] = []
+        for t in data.get("activeTargets") or []:
+            try:
+                out.append(max(datetime.fromisoformat(str(t.get("lastScrape"))).timestamp(), 0.0))
+            except (ValueError, OverflowError):
+                out.append(0.0)
+        return out
