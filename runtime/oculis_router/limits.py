@@ -417,21 +417,29 @@ class Ticket:
     answered: bool = False
     events: int = 0  # SSE events relayed, for a stream cut before its usage chunk
     settled: bool = field(default=False)
+    earlier: tuple[int, float] = (0, 0.0)  # tokens and dollars of answers replaced by a later tier's
 
     def record(self, pricing: Pricing, usage: Usage | None) -> None:
+        # An answer replaced on escalation.on_answer was generated and billed all the same (the metrics
+        # count it): it stays charged, on top of the answer that is finally sent.
+        if self.answered:
+            tokens, dollars = spent(self)
+            self.earlier = (tokens, dollars)
         self.answered, self.pricing, self.usage = True, pricing, usage
 
 
 def spent(t: Ticket) -> tuple[int, float]:
     """What the request really used: the upstream's usage; a stream cut before it reported usage
     counts its prompt estimate and one token per event relayed (engines stream about one token per
-    event); a request no upstream answered (a cache hit, a failure, a refusal) used nothing."""
+    event); a request no upstream answered (a cache hit, a failure, a refusal) used nothing; an answer
+    replaced by a later tier's (escalation.on_answer) was used too."""
     if not t.answered:
         return 0, 0.0
     u = t.usage
     if u is None:
         u = Usage(t.reservation.prompt_tokens, min(t.events, t.reservation.max_completion), 0, 0)
-    return u.prompt + u.completion, cost_dollars(t.pricing, u) if t.pricing else 0.0
+    dollars = cost_dollars(t.pricing, u) if t.pricing else 0.0
+    return t.earlier[0] + u.prompt + u.completion, t.earlier[1] + dollars
 
 
 def settlement(t: Ticket) -> list[float]:

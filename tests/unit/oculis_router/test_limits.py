@@ -229,6 +229,18 @@ def test_a_stream_cut_before_its_usage_settles_what_it_relayed_and_an_unanswered
     assert L.settlement(failed) == [0.0, -600.0]  # the request still counts, its tokens do not
 
 
+def test_an_answer_replaced_on_escalation_stays_charged_to_the_budget_with_the_final_one() -> None:
+    cheap, strong = Pricing(input_per_mtok=0.2, output_per_mtok=0.6), Pricing(input_per_mtok=5, output_per_mtok=15)
+    res = L.Reservation(100, 500, 0.5)
+    t = ticket([rate(10000), budget_counter()], [600.0, 0.5], res)
+    first, final = Usage(100, 300, 0, 0), Usage(100, 200, 0, 0)
+    t.record(cheap, first)  # the unsure answer, replaced by the next tier's (both are in the metrics)
+    t.record(strong, final)
+    assert L.spent(t) == pytest.approx((700, cost_dollars(cheap, first) + cost_dollars(strong, final)))
+    assert L.settlement(t) == pytest.approx([700 - 600, cost_dollars(cheap, first) + cost_dollars(strong, final)
+                                             - 0.5])
+
+
 def test_the_memory_backend_charges_all_counters_or_none() -> None:
     async def run() -> None:
         be = MemoryBackend()
