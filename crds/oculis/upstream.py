@@ -312,6 +312,9 @@ class Autoscaling(Model):
     """Per-replica targets"""
     scale_up_stabilization: str = Field("30s", pattern=DURATION_OR_ZERO, description="How long the load must "
                                         "ask for more before scaling up (to the lowest reading in that time)")
+    max_scale_up_step: int | None = Field(None, ge=1, le=1000, description="Most replicas one scale-up adds (the "
+                                          "next step waits until those are Ready); unset: as many as the load "
+                                          "asks for, up to maxReplicas and what the GPU pool can place")
     scale_down_delay: str = Field("5m", pattern=DURATION_OR_ZERO, description="How long the load must ask for "
                                   "fewer before scaling down (to the highest reading in that time)")
     scale_to_zero_after: str = Field("10m", pattern=DURATION, description="With minReplicas 0: idle time (nothing "

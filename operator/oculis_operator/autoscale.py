@@ -11,8 +11,9 @@ Rules, and why:
   load" (AIBrix and others scaled down on fetch errors). They hold the count, set ScalingActive=False,
   and restart the scale-down window, so a gap can never shorten it (no flap after the gap).
 - Up after `scaleUpStabilization` of readings above the current count, to the lowest of those
-  readings (a one-scrape spike does not buy GPUs); down only after `scaleDownDelay` of readings below,
-  to the highest of those readings.
+  readings (a one-scrape spike does not buy GPUs), at most `maxScaleUpStep` replicas at a time (the
+  next step waits for those to be Ready, so the load they take is seen first); down only after
+  `scaleDownDelay` of readings below, to the highest of those readings.
 - Waking from zero is immediate on router demand: a request is waiting (or being escalated) now.
 - To zero only with minReplicas 0, after `scaleToZeroAfter` with no queue, nothing running and no
   router demand; an unknown router demand is not idleness.
@@ -28,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from oculis import gpus
+from oculis.upstream import Autoscaling, duration_or_zero_seconds, duration_seconds
 
 # A sample older than this (seconds) is stale: Prometheus stopped scraping or the engines stopped answering.
 STALE_AFTER_S = 60.0
@@ -44,6 +46,17 @@ class Policy:
     scale_up_stabilization_s: float = 0.0
     scale_down_delay_s: float = 300.0
     scale_to_zero_after_s: float = 600.0
+    max_scale_up_step: int | None = None  # None: no limit beyond maxReplicas and the pool
+
+    @classmethod
+    def of(cls, auto: Autoscaling) -> Policy:
+        """The policy of a validated spec.autoscaling (durations in seconds)."""
+        return cls(min_replicas=auto.min_replicas, max_replicas=auto.max_replicas,
+                   waiting_per_replica=auto.targets.waiting_per_replica, kv_cache_usage=auto.targets.kv_cache_usage,
+                   scale_up_stabilization_s=duration_or_zero_seconds(auto.scale_up_stabilization),
+                   scale_down_delay_s=duration_or_zero_seconds(auto.scale_down_delay),
+                   scale_to_zero_after_s=duration_seconds(auto.scale_to_zero_after),
+                   max_scale_up_step=auto.max_scale_up_step)
 
 
 @dataclass(frozen=True)
@@ -139,6 +152,11 @@ def decide(policy: Policy, current: int, ready: int, sample: Sample | None, dema
         target = min(raw, state.up_target) if state.up_target is not None else raw
         new = State(above_since=since, up_target=target, idle_since=idle_since)
         if now - since >= policy.scale_up_stabilization_s:
+            step = policy.max_scale_up_step
+            if step is not None and target > current + step:
+                # A partial step keeps the up window open: once these are Ready the next step needs no new wait.
+                return _bounded(current + step, "ScaleUp", f"{figures} ask for {target}; adding {step} now "
+                                f"(maxScaleUpStep {step})", new, True, placeable, pool, current, capped_state=new)
             return _bounded(target, "ScaleUp", f"{figures} ask for {target}", State(idle_since=idle_since), True,
                             placeable, pool, current, capped_state=new)
         return Decision(current, "StabilizingUp", f"{figures} ask for {raw}; up after "

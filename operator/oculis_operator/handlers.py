@@ -34,7 +34,7 @@ from urllib3.exceptions import HTTPError
 
 from oculis import gpus
 from oculis.inferenceroute import ClassifierDriftAlarm
-from oculis.upstream import GPU, Autoscaling, Canary, duration_or_zero_seconds, duration_seconds
+from oculis.upstream import GPU, Autoscaling, Canary, duration_seconds
 from oculis_operator import (
     autoscale,
     canary,
@@ -459,12 +459,7 @@ def _autoscale(kube: Kube, spec: dict[str, Any], status: dict[str, Any], dep: di
         return None  # the reconcile reports the invalid spec
     if auto is None or gpu is None:
         return None
-    policy = autoscale.Policy(
-        min_replicas=auto.min_replicas, max_replicas=auto.max_replicas,
-        waiting_per_replica=auto.targets.waiting_per_replica, kv_cache_usage=auto.targets.kv_cache_usage,
-        scale_up_stabilization_s=duration_or_zero_seconds(auto.scale_up_stabilization),
-        scale_down_delay_s=duration_or_zero_seconds(auto.scale_down_delay),
-        scale_to_zero_after_s=duration_seconds(auto.scale_to_zero_after))
+    policy = autoscale.Policy.of(auto)
     replicas = spec.get("replicas")
     current = int((dep or {}).get("spec", {}).get("replicas", 1)) if dep is not None else (
         int(replicas) if replicas is not None else max(1, auto.min_replicas))
