@@ -121,8 +121,16 @@ def run_fit(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
           f"sha256 {hf.head_digest(args.out)})", file=out)
     if not args.no_cv:
         report(hf, base, suite, penalty, args.boot, out)
-    print(f"use it in a route: classifier: {{head_path: {args.out}}}", file=out)
+    print(use_hint(args.out), file=out)
     return 0
+
+
+def use_hint(written: Path) -> str:
+    """How to point a route at the head just written. The router looks a relative head_path up in the
+    config file's folder, not in the working directory `--out` was relative to, so the hint names the
+    absolute path (right wherever the config lives)."""
+    return (f"use it in a route: classifier: {{head_path: {written.resolve()}}} (or a path relative to the "
+            "config file's folder)")
 
 
 def report(hf: Any, base: Any, suite: Any, penalty: float, boot: int, out: TextIO) -> None:

@@ -76,3 +76,23 @@ def test_a_missing_head_names_the_head_path_field(layout: tuple[Path, Path], cap
     route = parse_config(config.read_text(), str(config)).route("adaptive")
     with pytest.raises(ValueError, match=r"routes\[adaptive\]\.classifier\.head_path: "):
         route_scorer(route, config)
+
+
+def test_the_fit_hint_names_a_head_path_the_router_finds_from_any_config_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    work = tmp_path / "work"
+    (work / "heads").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    lines = [{"prompt": f"question {i}: " + "explain the proof step by step " * (i % 7),
+              "outcomes": {"weak": i % 7 < 3, "strong": True}} for i in range(60)]
+    Path("suite.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    code = main(["classifier", "fit", "--suite", "suite.jsonl", "--weak", "weak", "--strong", "strong",
+                 "--out", "heads/fit.npz", "--no-cv"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    hint = next(line for line in printed.splitlines() if "head_path:" in line)
+    head_path = hint.split("head_path: ", 1)[1].split("}", 1)[0]
+    config_dir = tmp_path / "configs" / "prod"  # the config lives elsewhere than the fit's working directory
+    from oculis_router.decide import head_file
+
+    assert head_file(head_path, config_dir) == (work / "heads" / "fit.npz").resolve()
