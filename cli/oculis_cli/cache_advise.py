@@ -117,9 +117,11 @@ def _self_hosted(prom: Any, name: str, model: str | None, start: float, end: flo
 def _one(catalog: Catalog, name: str, given: core.Multipliers | None, c: Any) -> dict[str, Any]:
     pricing = catalog.pricing[name]
     m = given or core.multipliers_from_pricing(pricing, name)
-    obs = core.Observed(c.prompt_tokens.get(name, 0.0), c.cached_tokens.get(name, 0.0), None)
-    out = core.advise(name, m, obs, pricing.input_per_mtok)
     up = next(u for u in catalog.config.upstreams if u.name == name)
+    # Only Anthropic reports cache writes: elsewhere a 0 means "not reported", not "nothing written".
+    writes = c.cache_write_tokens.get(name) if up.provider == "anthropic" else None
+    obs = core.Observed(c.prompt_tokens.get(name, 0.0), c.cached_tokens.get(name, 0.0), writes)
+    out = core.advise(name, m, obs, pricing.input_per_mtok)
     if up.provider == "anthropic":  # a TTL to choose: say which one the observed reuse pays for
         out |= core.recommend_ttl(m.read, out.get("hits_per_write"),
                                   exact=not str(out.get("hits_per_write_basis", "")).startswith("lower bound"))

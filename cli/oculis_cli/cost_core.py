@@ -33,6 +33,7 @@ class Counters:
     prompt_tokens: dict[str, float] = field(default_factory=dict)  # by upstream
     completion_tokens: dict[str, float] = field(default_factory=dict)
     cached_tokens: dict[str, float] = field(default_factory=dict)
+    cache_write_tokens: dict[str, float] = field(default_factory=dict)  # an upstream absent: not counted
     cost: dict[str, float] = field(default_factory=dict)
     escalations: dict[tuple[str, str], float] = field(default_factory=dict)  # route, reason
 

@@ -142,6 +142,7 @@ def counters(prom: Any, t0: datetime, t1: datetime, router_selector: str = "") -
             prompt_tokens=by_upstream("oculis_prompt_tokens_total"),
             completion_tokens=by_upstream("oculis_completion_tokens_total"),
             cached_tokens=by_upstream("oculis_cached_prompt_tokens_total"),
+            cache_write_tokens=by_upstream("oculis_cache_write_prompt_tokens_total"),
             cost=by_upstream("oculis_cost_dollars_total"),
             escalations={(k[0], k[1]): v for k, v in esc.items()},
         )

@@ -144,6 +144,7 @@ def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None, hold: 
     metrics.prompt_tokens.labels(up.name).inc(u.prompt)
     metrics.completion_tokens.labels(up.name).inc(u.completion)
     metrics.cached_tokens.labels(up.name).inc(u.cached)
+    metrics.cache_write_tokens.labels(up.name).inc(u.cache_written)
     metrics.cost.labels(up.name).inc(cost_dollars(up.pricing, u))
 
 

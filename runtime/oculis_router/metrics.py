@@ -37,6 +37,10 @@ class Metrics:
         self.completion_tokens = Counter("oculis_completion_tokens", "Completion tokens", ["upstream"], registry=r)
         self.cached_tokens = Counter("oculis_cached_prompt_tokens", "Prompt tokens served from the provider's "
                                      "prompt cache", ["upstream"], registry=r)
+        # Only Anthropic reports writes (cache_creation_input_tokens); with them `oculis cache advise` reads
+        # hits per write exactly instead of a lower bound from the read share.
+        self.cache_write_tokens = Counter("oculis_cache_write_prompt_tokens", "Prompt tokens written to the "
+                                          "provider's prompt cache", ["upstream"], registry=r)
         self.cost = Counter("oculis_cost_dollars", "Estimated cost from upstream pricing", ["upstream"], registry=r)
         self.upstream_latency = Histogram("oculis_upstream_latency_seconds", "Upstream call latency", ["upstream"],
                                           registry=r, buckets=LATENCY_BUCKETS)

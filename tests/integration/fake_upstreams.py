@@ -50,6 +50,7 @@ class Script:
     streams_done: int = 0  # streams sent to their end
     reply: str = "hello"
     cached_tokens: int = 0
+    cache_written_tokens: int = 0  # Anthropic's cache_creation_input_tokens
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     # Opt-in answers that depend on the request, as a real model's do (the cache-fidelity tests):
@@ -243,7 +244,7 @@ def anthropic_app(script: Script) -> Starlette:
             "input_tokens": 7,
             "output_tokens": 2,
             "cache_read_input_tokens": script.cached_tokens,
-            "cache_creation_input_tokens": 0,
+            "cache_creation_input_tokens": script.cache_written_tokens,
         }
         if body.get("stream"):
 

@@ -202,10 +202,14 @@ def test_anthropic_translation_and_cache_control(router: RouterHandle, fakes: Fa
     assert sent["messages"][1]["content"][-1]["cache_control"] == {"type": "ephemeral"}  # longest stable prefix
     assert "cache_control" not in sent["messages"][2]["content"][-1]  # the new turn is not stable
     assert fakes.scripts["claude"].headers[-1]["x-api-key"] == "sk-ant-SECRET-5678"
+    fakes.scripts["claude"].cache_written_tokens = 120  # this turn also writes a new prefix
     stream = router.client.chat.completions.create(model="via-claude", messages=messages, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "bonjour anthropic"
+    fakes.scripts["claude"].cache_written_tokens = 0
     text = generate_latest(router.app.state.metrics.registry).decode()
     assert 'oculis_cached_prompt_tokens_total{upstream="claude"} 1800.0' in text
+    # cache writes have their own counter: `oculis cache advise` reads hits per write from it
+    assert 'oculis_cache_write_prompt_tokens_total{upstream="claude"} 120.0' in text
 
 
 def test_hot_reload_keeps_in_flight_requests_and_rejects_bad_config(router: RouterHandle, fakes: Fakes) -> None:

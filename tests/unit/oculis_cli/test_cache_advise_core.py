@@ -91,3 +91,26 @@ def test_a_ttl_is_recommended_only_when_the_observed_hits_pay_for_its_write(h: f
 
     assert core.recommend_ttl(0.1, 0.2, exact=False)["recommended_ttl"] == "undetermined"  # only a lower bound
     assert core.recommend_ttl(0.1, 0.5, exact=False)["recommended_ttl"] == "5m"
+
+
+def test_cache_advise_reads_hits_per_write_from_anthropics_write_counter() -> None:
+    """Anthropic reports cache writes, so hits per write is exact; elsewhere a 0 write count means
+    "not reported" and the read share gives only a lower bound."""
+    from oculis import RouterConfig
+    from oculis_cli.cache_advise import _one
+    from oculis_cli.cost_core import Counters
+    from oculis_cli.cost_sources import Catalog
+
+    cfg = RouterConfig.model_validate({"upstreams": [
+        {"name": "claude", "provider": "anthropic", "model": "claude-sonnet-4", "api_key_env": "K",
+         "pricing": {"input_per_mtok": 3, "output_per_mtok": 15, "cached_input_per_mtok": 0.3,
+                     "cache_write_per_mtok": 3.75}},
+        {"name": "gpt", "provider": "openai", "model": "gpt-4o", "api_key_env": "K",
+         "pricing": {"input_per_mtok": 2.5, "output_per_mtok": 10, "cached_input_per_mtok": 1.25}}],
+        "routes": [{"name": "r", "tiers": [{"name": "a", "upstream": "claude"}, {"name": "b", "upstream": "gpt"}]}]})
+    c = Counters(prompt_tokens={"claude": 1000, "gpt": 1000}, cached_tokens={"claude": 500, "gpt": 500},
+                 cache_write_tokens={"claude": 100, "gpt": 0})
+    claude = _one(Catalog(cfg), "claude", None, c)
+    assert claude["hits_per_write"] == 5.0 and claude["hits_per_write_basis"].startswith("cache-read tokens")
+    gpt = _one(Catalog(cfg), "gpt", None, c)
+    assert gpt["hits_per_write_basis"].startswith("lower bound")
