@@ -1,14 +1,17 @@
 """Pod stand-in for the sandbox cluster: engine pods become real `oculis sim serve` processes.
 
 kwok walks pods to Running but runs nothing. This watches the Running pods of GPUUpstreams'
-Deployments (labels app.kubernetes.io/managed-by=oculis, app.kubernetes.io/name=vllm) and, for each,
+Deployments (labels app.kubernetes.io/managed-by=oculis, app.kubernetes.io/name=vllm, or vllm-canary for
+a canary's pods) and, for each,
 starts `oculis sim serve` with the pod's own container arguments (its rendered `vllm serve` argv)
 on a free 127.0.0.1 port (a later --host/--port overrides the pod's 0.0.0.0:8000) and the node's GFD
 product label as --gpu. A pod that is deleted, terminating or no longer Running has its process
 stopped (SIGTERM, as the kubelet does). Once a simulator answers /health it is listed in:
   - targets.json: Prometheus file-based discovery targets labelled namespace, pod, upstream;
   - endpoints.json: {SERVICE_HOST: {namespace, upstream, ports, pods}} for `oculis serve --endpoints`,
-    keyed by the host of the base_url the operator writes into the router config.
+    keyed by the host of the base_url the operator writes into the router config: the stable Service
+    `<upstream>-vllm` maps to the stable pods only, the canary Service `<upstream>-vllm-canary` to the
+    canary's, as their Services select them.
 Both are rewritten atomically (rename), so readers never see half a file. Only 127.0.0.1 is ever
 dialled or listened on; pod and Service IPs are not.
 
@@ -36,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 LOOPBACK = "127.0.0.1"
-SELECTOR = "app.kubernetes.io/managed-by=oculis,app.kubernetes.io/name=vllm"
+SELECTOR = "app.kubernetes.io/managed-by=oculis,app.kubernetes.io/name in (vllm,vllm-canary)"
 UPSTREAM_LABEL = "oculis.dev/upstream"
+TRACK_LABEL = "oculis.dev/track"  # "canary" on a canary Deployment's pods (render.TRACK_LABEL)
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 SERVICE_PORT = 8000  # the operator's Service port (engine_args.PORT); the map replaces host and port
 RESTART_BACKOFF_S = 5.0  # a simulator that exits is restarted after this, as a kubelet's CrashLoopBackOff
@@ -62,6 +66,7 @@ class PodView:
     args: tuple[str, ...]
     node: str | None
     serving: bool  # Running and not being deleted: a process should run for it
+    track: str = "stable"  # or "canary": which Service selects it
 
     @property
     def key(self) -> str:
@@ -69,20 +74,24 @@ class PodView:
 
     @property
     def service_host(self) -> str:
-        # render.endpoint(): http://{upstream}-vllm.{namespace}.svc:8000/v1
-        return f"{self.upstream}-vllm.{self.namespace}.svc"
+        # render.endpoint(): http://{upstream}-vllm.{namespace}.svc:8000/v1; render.canary_endpoint():
+        # http://{upstream}-vllm-canary.{namespace}.svc:8000/v1
+        suffix = "-canary" if self.track == "canary" else ""
+        return f"{self.upstream}-vllm{suffix}.{self.namespace}.svc"
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     """A pod object (as the API returns it, camelCase) -> PodView; None for a pod without an upstream."""
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
-    upstream = (meta.get("labels") or {}).get(UPSTREAM_LABEL)
+    labels = meta.get("labels") or {}
+    upstream = labels.get(UPSTREAM_LABEL)
     containers = spec.get("containers") or []
     if not upstream or not containers:
         return None
     return PodView(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
                    upstream=upstream, args=tuple(containers[0].get("args") or ()), node=spec.get("nodeName"),
-                   serving=status.get("phase") == "Running" and not meta.get("deletionTimestamp"))
+                   serving=status.get("phase") == "Running" and not meta.get("deletionTimestamp"),
+                   track="canary" if labels.get(TRACK_LABEL) == "canary" else "stable")
 
 
 def sim_argv(oculis: str, pod: PodView, port: int, gpu: str | None) -> list[str]:

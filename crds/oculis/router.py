@@ -64,6 +64,16 @@ class Timeouts(Model):
     """Longest silence between two reads once the answer has started (between stream chunks); default 60"""
 
 
+class CanaryRevision(Model):
+    """A second revision of the same upstream (a canary of an engine change) taking a share of its
+    requests. Rendered by the operator while a GPUUpstream's canary is analysed."""
+
+    base_url: str = Field(min_length=1, description="Base URL of the canary revision (e.g. "
+                          "http://llama-vllm-canary.ns.svc:8000/v1)")
+    percent: int = Field(ge=1, le=99, description="Share of the upstream's requests sent to the canary, 1-99 "
+                         "(each request is drawn at random; a failed canary attempt is retried on the stable one)")
+
+
 class Upstream(Model):
     """A model the router can call."""
 
@@ -91,6 +101,8 @@ class Upstream(Model):
     scaled_to_zero: bool = Field(False, description="Rendered by the operator for an autoscaled upstream with no "
                                  "replica: a route's tier on it applies the route's cold_start (its demand is "
                                  "counted, which wakes it)")
+    canary: CanaryRevision | None = None
+    """A canary revision taking `percent` of this upstream's requests (x-oculis-revision says which answered)"""
 
     @model_validator(mode="after")
     def _reachable(self) -> Upstream:

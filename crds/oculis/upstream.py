@@ -245,9 +245,9 @@ class Canary(Model):
 
     replicas: int = Field(1, ge=1, le=100)
     """Canary replicas (each needs a spare GPU set of the product)"""
-    traffic_percent: int = Field(10, ge=1, le=99, description="Share of the upstream's traffic meant for the "
-                                 "canary; not enforced yet: the Service spreads requests over stable and canary "
-                                 "pods, so the canary gets about its share of the replicas")
+    traffic_percent: int = Field(10, ge=1, le=99, description="Share of the upstream's requests the router "
+                                 "sends to the canary (its own Service, <name>-vllm-canary) while it is analysed, "
+                                 "whatever the replica counts; the stable Service serves only stable pods")
     duration: str = Field("10m", pattern=DURATION)
     """How long the analysis runs before promoting (e.g. 10m)"""
     interval: str = Field("1m", pattern=DURATION)

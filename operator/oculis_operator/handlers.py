@@ -345,6 +345,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     wants_canary = not external and ((spec.get("rollout") or {}).get("strategy") == "Canary"
                                      or bool(status.get("canary")))
     cdep = kube.canary_deployment(ns, name) if wants_canary else None
+    canary_svc = wants_canary and kube.canary_service(ns, name) is not None
     samples = read_canary(ns, name, spec, status.get("canary") or {}) if (
         cdep is not None and rollout.progress(cdep).complete) else None
     scaled = None if external else _autoscale(kube, spec, status, dep, ns, name)
@@ -358,7 +359,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         service=service, pdb=pdb, model_config_text=config_text, model_config_problem=config_problem,
         observed_kv_blocks=promquery.prometheus_kv_blocks(PROMETHEUS_URL, ns, name) if dep is not None else None,
         speculation=speculation, speculative_window_s=SPECULATIVE_WINDOW_SECONDS,
-        canary_deployment=cdep, canary_samples=samples, autoscale=scaled,
+        canary_deployment=cdep, has_canary_service=canary_svc, canary_samples=samples, autoscale=scaled,
     )
 
     def spare(product: str) -> int:

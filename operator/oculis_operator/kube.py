@@ -82,13 +82,18 @@ class Kube:
     def canary_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._raw(self.apps.read_namespaced_deployment, render.canary_name(name), namespace)
 
+    def canary_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._raw(self.core.read_namespaced_service, render.canary_name(name), namespace)
+
     def delete_canary(self, namespace: str, name: str) -> None:
-        self._count()
-        try:
-            self.apps.delete_namespaced_deployment(render.canary_name(name), namespace)
-        except ApiException as exc:
-            if exc.status != 404:  # already gone: fine
-                raise
+        """The canary Deployment and its Service (both `<name>-vllm-canary`, only ever ours)."""
+        for delete in (self.apps.delete_namespaced_deployment, self.core.delete_namespaced_service):
+            self._count()
+            try:
+                delete(render.canary_name(name), namespace)
+            except ApiException as exc:
+                if exc.status != 404:  # already gone: fine
+                    raise
 
     def service(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._raw(self.core.read_namespaced_service, render.workload_name(name), namespace)

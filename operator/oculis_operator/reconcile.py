@@ -62,6 +62,7 @@ class Observed:
     speculative_window_s: int = 300
     # The canary Deployment (<name>-vllm-canary) and, when an interval was due, (canary, stable) figures
     canary_deployment: dict[str, Any] | None = None
+    has_canary_service: bool = False  # the canary Service <name>-vllm-canary exists (read with the Deployment)
     canary_samples: tuple[canary.Sample | None, canary.Sample | None] | None = None
     # spec.autoscaling: the shell's decision (autoscale.decide) from metrics, router demand and the pool
     autoscale: autoscale.Decision | None = None
@@ -74,7 +75,7 @@ class Outcome:
     deployment_patch: dict[str, Any] | None = None  # JSON merge patch for the existing Deployment
     service_patch: dict[str, Any] | None = None  # JSON merge patches reverting hand edits
     pdb_patch: dict[str, Any] | None = None
-    delete_canary: bool = False  # remove the canary Deployment (promoted, rolled back or superseded)
+    delete_canary: bool = False  # remove the canary Deployment and Service (promoted, rolled back or superseded)
     log: list[str] = field(default_factory=list)  # what was done: logged and posted as Normal events
     # (reason, message) of what is wrong: posted as Warning events once while it lasts
     warnings: list[tuple[str, str]] = field(default_factory=list)
@@ -206,9 +207,9 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
                                    lambda: spare_gpus(product.gfd_product), now, status, out)
         if "canary" in status:  # every key, null where unset: the status write is a merge patch
             status["canary"] = {k: status["canary"].get(k, default) for k, default in CANARY_KEYS.items()}
-    elif obs.canary_deployment is not None:  # no canary wanted now: none may linger and take traffic
+    elif obs.canary_deployment is not None or obs.has_canary_service:  # no canary wanted: none may take traffic
         out.delete_canary = True
-        out.log.append(f"Deleted canary Deployment {render.canary_name(obs.name)}: no canary in progress")
+        out.log.append(f"Deleted canary Deployment and Service {render.canary_name(obs.name)}: no canary in progress")
     if canary_held is None and "canary" not in status and obs.status.get("canary"):
         status["canary"] = obs.status["canary"]  # the last decision and its figures stay shown
     if edited or canary_held is not None:
@@ -466,9 +467,9 @@ def _canary_gate(obs: Observed, spec: GPUUpstreamSpec, policy: Canary, desired: 
     base = {"generation": obs.generation, "engineHash": desired_hash}
 
     def drop(why: str) -> None:
-        if cdep is not None:
+        if cdep is not None or obs.has_canary_service:
             out.delete_canary = True
-            out.log.append(f"Deleted canary Deployment {cname}: {why}")
+            out.log.append(f"Deleted canary Deployment and Service {cname}: {why}")
 
     if mine and prev.get("phase") in ("Promoted", "RolledBack"):
         status["canary"] = prev
@@ -478,8 +479,13 @@ def _canary_gate(obs: Observed, spec: GPUUpstreamSpec, policy: Canary, desired: 
         return "RolledBack", "CanaryRolledBack", (f"canary of engine hash {desired_hash} rolled back, not retried for "
                                                   f"generation {obs.generation}: {prev.get('message', '')}; change "
                                                   "the spec to try again")
-    if cdep is not None and _template_hash(cdep) != desired_hash:  # an earlier change's canary
-        drop(f"superseded by engine hash {desired_hash}")
+    old_labels = cdep is not None and (cdep.get("spec", {}).get("selector") or {}).get("matchLabels") \
+        != render.canary_selector(obs.name)
+    if cdep is not None and (_template_hash(cdep) != desired_hash or old_labels):  # an earlier change's canary
+        # (or one an older operator labelled so that the stable Service selects its pods too: a selector
+        # cannot be changed, so it is replaced)
+        drop(f"superseded by engine hash {desired_hash}" if not old_labels else
+             "its pods carry the labels of an older operator, which the stable Service selects; replacing it")
         status["canary"] = {**base, "phase": "Analyzing", "summary": f"0/{total}", "message": "replacing the canary"}
         return "Analyzing", "CanaryAnalysis", f"replacing an earlier change's canary with engine hash {desired_hash}"
     if cdep is None:
@@ -491,11 +497,15 @@ def _canary_gate(obs: Observed, spec: GPUUpstreamSpec, policy: Canary, desired: 
                                 "message": msg}
             return "WaitingForGPUs", "WaitingForGPUs", msg
         out.create.append(render.canary_deployment(desired, policy.replicas))
+        if not obs.has_canary_service:
+            out.create.append(render.canary_service(obs.name, obs.namespace, obs.uid))
         out.log.append(f"Created canary Deployment {cname} ({policy.replicas} replica(s), engine hash {desired_hash}) "
                        f"for {policy.duration}, checked every {policy.interval}")
         status["canary"] = {**base, "phase": "Analyzing", "summary": f"0/{total} starting",
                             "message": "starting the canary replicas"}
         return "Analyzing", "CanaryAnalysis", f"starting {policy.replicas} canary replica(s), hash {desired_hash}"
+    if not obs.has_canary_service:  # deleted by hand, say: the router's canary share needs it
+        out.create.append(render.canary_service(obs.name, obs.namespace, obs.uid))
     cur = {**base, **{k: v for k, v in prev.items() if mine and k not in base}, "phase": "Analyzing"}
     if not rollout.progress(cdep).complete:
         cur.setdefault("summary", f"0/{total} starting")

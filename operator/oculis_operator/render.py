@@ -123,20 +123,31 @@ def canary_name(name: str) -> str:
     return f"{workload_name(name)}-canary"
 
 
+# The canary pods' app.kubernetes.io/name: the stable Deployment, Service and PodDisruptionBudget select
+# name=vllm, so they never claim, serve or count a canary pod. (Selectors cannot negate, and a new label
+# on the stable pod template would restart every engine when the operator is upgraded.)
+CANARY_APP = "vllm-canary"
+
+
 def canary_deployment(stable: dict[str, Any], replicas: int) -> dict[str, Any]:
-    """The canary Deployment of a rendered stable one: its pod template (the new engine hash), `replicas`
-    replicas, labelled track=canary so its selector never claims the stable pods. The Service selects
-    both, so the canary takes its replicas' share of the traffic."""
+    """The canary Deployment of a rendered stable one: its pod template (the new engine hash, unchanged:
+    the labels below are not part of it), `replicas` replicas, pods labelled name=vllm-canary and
+    track=canary, which only the canary Deployment and the canary Service select."""
     dep: dict[str, Any] = json.loads(json.dumps(stable))
     meta, spec = dep["metadata"], dep["spec"]
-    meta["name"] = canary_name(meta["labels"][UPSTREAM_LABEL])
+    name = meta["labels"][UPSTREAM_LABEL]
+    meta["name"] = canary_name(name)
     meta["labels"] = {**meta["labels"], TRACK_LABEL: "canary"}
     meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if k != SPEC_HASH}
-    spec["selector"]["matchLabels"] = {**spec["selector"]["matchLabels"], TRACK_LABEL: "canary"}
-    spec["template"]["metadata"]["labels"] = {**spec["template"]["metadata"]["labels"], TRACK_LABEL: "canary"}
+    spec["selector"]["matchLabels"] = canary_selector(name)
+    spec["template"]["metadata"]["labels"] = {**spec["template"]["metadata"]["labels"], **canary_selector(name)}
     spec["replicas"] = replicas
     spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     return dep
+
+
+def canary_selector(name: str) -> dict[str, str]:
+    return {UPSTREAM_LABEL: name, "app.kubernetes.io/name": CANARY_APP, TRACK_LABEL: "canary"}
 
 
 def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
@@ -147,6 +158,15 @@ def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
         "spec": {"type": "ClusterIP", "selector": {UPSTREAM_LABEL: name, "app.kubernetes.io/name": "vllm"},
                  "ports": [{"name": "http", "port": PORT, "targetPort": PORT}]},
     }
+
+
+def canary_service(name: str, namespace: str, uid: str) -> dict[str, Any]:
+    """The Service of the canary pods only, which the router sends the canary's share of the traffic
+    (routeconfig: the upstream's `canary.base_url`); deleted with the canary Deployment."""
+    svc = service(name, namespace, uid)
+    svc["metadata"].update(name=canary_name(name), labels={**labels(name), TRACK_LABEL: "canary"})
+    svc["spec"]["selector"] = canary_selector(name)
+    return svc
 
 
 def pod_disruption_budget(name: str, namespace: str, uid: str) -> dict[str, Any]:
@@ -161,3 +181,7 @@ def pod_disruption_budget(name: str, namespace: str, uid: str) -> dict[str, Any]
 
 def endpoint(name: str, namespace: str) -> str:
     return f"http://{workload_name(name)}.{namespace}.svc:{PORT}/v1"
+
+
+def canary_endpoint(name: str, namespace: str) -> str:
+    return f"http://{canary_name(name)}.{namespace}.svc:{PORT}/v1"

@@ -14,7 +14,9 @@ operator last wrote, so its other tiers still answer and the vanished one fails 
 its status says so (Degraded, UpstreamNotFound, "the router keeps serving this route's last good
 config"). Without such a rendering, or once the route is deleted, it leaves as above.
 An upstream's `revision` is its engine hash, so the router's response cache never serves an answer
-from a replaced model. External providers' keys stay in their Secrets: the config names an
+from a replaced model. While its canary is analysed it also has `canary: {base_url, percent}`: the
+canary Service and spec.rollout.canary.trafficPercent, the share the router sends there.
+External providers' keys stay in their Secrets: the config names an
 environment variable per upstream, and `secret-env.json` maps each variable to its Secret reference
 for the router Deployment.
 
@@ -39,6 +41,7 @@ from pydantic import ValidationError
 from oculis.base import format_errors
 from oculis.inferenceroute import DEFAULT_CONFIG_MAP, HEADS_DIR, InferenceRouteSpec
 from oculis.router import NAME_PATTERN, RouterConfig, Upstream
+from oculis.upstream import Canary
 from oculis_operator import render
 from oculis_operator.conditions import condition
 
@@ -116,6 +119,8 @@ def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] 
     if spec["provider"] == "vllm":
         entry["base_url"] = render.endpoint(name, meta["namespace"])
         entry["revision"] = status.get("engineHash") or "pending"
+        if (share := canary_share(obj)) is not None:
+            entry["canary"] = {"base_url": render.canary_endpoint(name, meta["namespace"]), "percent": share}
         # The router must know, to apply the route's coldStart instead of a doomed connection attempt:
         # scaled to zero, or autoscaled and waking (replicas asked for, none ready yet).
         waking = bool(spec.get("autoscaling")) and not (status.get("readyReplicas") or 0)
@@ -142,6 +147,24 @@ def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] 
             }
         entry["revision"] = str(meta.get("generation", 1))
     return entry, secret
+
+
+def canary_share(obj: dict[str, Any]) -> int | None:
+    """spec.rollout.canary.trafficPercent while this upstream's canary is analysed with its replicas up
+    (status.canary of the current generation and desired engine hash, phase Analyzing, startedAt set:
+    the reconcile sets it once the canary Deployment is complete); else None. A canary that is waiting
+    for GPUs, starting, promoted, rolled back or left over from an earlier spec takes no traffic."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    c = status.get("canary") or {}
+    rollout = spec.get("rollout") or {}
+    if (rollout.get("strategy") != "Canary" or c.get("phase") != "Analyzing" or not c.get("startedAt")
+            or c.get("generation") != status.get("observedGeneration")
+            or c.get("engineHash") != status.get("desiredEngineHash")):
+        return None
+    try:
+        return Canary.model_validate(rollout.get("canary") or {}).traffic_percent
+    except ValidationError:
+        return None  # the upstream's own status says its spec is invalid
 
 
 def ready(obj: dict[str, Any]) -> bool:

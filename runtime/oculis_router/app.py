@@ -37,7 +37,15 @@ from oculis_router.providers import refusal, relayed_headers
 from oculis_router.sse import StreamCollector
 from oculis_router.state import ConfigHolder, RouteRuntime, Runtime, describe
 from oculis_router.streamcheck import EventGate, MalformedStream
-from oculis_router.upstreams import Attempt, Caller, IdleTimeout, Stream, UpstreamFailed, UpstreamRejected
+from oculis_router.upstreams import (
+    REVISION_HEADER,
+    Attempt,
+    Caller,
+    IdleTimeout,
+    Stream,
+    UpstreamFailed,
+    UpstreamRejected,
+)
 from oculis_router.usage import Usage, cost_dollars
 
 # Proxies (nginx ingress, CDNs) buffer or cache responses unless told not to; a stream must flow.
@@ -361,6 +369,8 @@ class Router:
                     return self._doubted(doubted, plan, route_label)  # beats none: no later tier answered
                 continue
             self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
+            # `seen` carries x-oculis-revision (Caller.complete), which the client gets with the answer
+            self.metrics.revision_requests.labels(up.name, seen.get(REVISION_HEADER, "stable")).inc()
             account(self.metrics, up, data.get("usage"), hold)  # counted (and billed) even if replaced below
             conf = answers.mean_logprob(data, endpoint) if check else None
             if check and not answers.client_wants_logprobs(body):
@@ -409,10 +419,12 @@ class Router:
             except UpstreamFailed as exc:
                 self._failed(exc, plan, i, route_label)
                 continue
+            self.metrics.revision_requests.labels(up.name, resp.revision).inc()
             store = plan.route.store if (plan.route and key is not None and i == 0) else None
             gen = self._relay(resp, translator, up, t0, route_label, plan.tier_names[i], store, key, endpoint, hold)
             return StreamingResponse(gen, media_type="text/event-stream", headers={
-                **relayed_headers(resp.headers), **self.headers(plan, i, _cache_state(key)), **SSE_HEADERS})
+                **relayed_headers(resp.headers), **self.headers(plan, i, _cache_state(key)),
+                REVISION_HEADER: resp.revision, **SSE_HEADERS})
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
     async def _relay(self, resp: Stream, translator: Any, up: Upstream, t0: float, route_label: str,

@@ -54,3 +54,8 @@ class Metrics:
         self.cold_starts = Counter("oculis_cold_starts", "Requests whose tier's upstream was scaled to zero, by what "
                                    "the route's cold_start did: escalated, waited (then served), timeout, failed",
                                    ["route", "upstream", "action"], registry=r)
+        # Calls an upstream answered, by revision: canary (its `canary` entry, while a GPUUpstream's canary
+        # is analysed) or stable, so the canary's share of the traffic can be read against its percent.
+        self.revision_requests = Counter("oculis_upstream_revision_requests", "Upstream calls answered, by the "
+                                         "revision that answered (canary or stable)", ["upstream", "revision"],
+                                         registry=r)

@@ -10,8 +10,12 @@ exponential backoff, or exactly the Retry-After when it is at most `RETRY_AFTER_
 to the next tier at once (a longer Retry-After, the router's own credential refused, a prompt over
 the tier's context length), or relay the upstream's answer (any other 4xx: the client's problem).
 Retries stop after `escalation.max_retries`; a first-byte or idle timeout is retried only on the last
-tier (each retry costs the whole timeout again). Streams are retried only while no byte has reached
-the client: the first chunk is read here, before the router starts answering.
+tier (each retry costs the whole timeout again). An upstream with a `canary` revision sends each call
+there with probability `percent` (`revision`, pure, on a random draw); a canary attempt that fails
+retryably is retried on the stable revision, on top of the retry budget, so a bad canary costs a
+client at most one wasted attempt, never an escalation the stable revision would have spared it.
+Streams are retried only while no byte has reached the client: the first chunk is read here, before
+the router starts answering.
 
 The HTTP client is aiohttp, not httpx: httpx's connection pool degrades badly under concurrency
 (encode/httpx#3215, open; measured here: 18 ms of CPU per request at 256 concurrent vs 0.6 ms at 1).
@@ -24,6 +28,7 @@ import email.utils
 import logging
 import math
 import os
+import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -53,6 +58,24 @@ CONTEXT_LENGTH_MARKERS = ("maximum context length", "maximum model length", "con
 
 
 # ---- the policy: pure ----------------------------------------------------------------------------
+
+Revision = Literal["canary", "stable"]
+REVISION_HEADER = "x-oculis-revision"
+
+
+def revision(up: Upstream, draw: float) -> Revision:
+    """Which revision of `up` a call goes to, for a uniform `draw` in [0, 1): the canary for draws
+    below its percent, so over many calls it takes that share."""
+    return "canary" if up.canary is not None and draw * 100 < up.canary.percent else "stable"
+
+
+def at_revision(up: Upstream, rev: Revision) -> Upstream:
+    """`up` as called at `rev`: the canary's base_url (same name, model, key and revision, so the
+    response cache's key and the metrics' upstream label do not change)."""
+    if rev == "stable" or up.canary is None:
+        return up
+    return up.model_copy(update={"base_url": up.canary.base_url})
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -235,9 +258,11 @@ class Stream:
     """An upstream stream whose first chunk has arrived. Iterating yields the chunks; a silence longer
     than the idle timeout raises IdleTimeout (a TimeoutError) instead of hanging forever."""
 
-    def __init__(self, resp: aiohttp.ClientResponse, first: bytes, idle: float) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, first: bytes, idle: float,
+                 revision: Revision = "stable") -> None:
         self.resp, self._first, self.idle = resp, first, idle
         self.headers = resp.headers
+        self.revision = revision  # which revision of the upstream answers
 
     def __aiter__(self) -> Stream:
         return self
@@ -272,8 +297,10 @@ T = TypeVar("T")
 # ---- the shell -----------------------------------------------------------------------------------
 
 class Caller:
-    def __init__(self, http: aiohttp.ClientSession, max_retries: int = 2, backoff: float = 0.05) -> None:
+    def __init__(self, http: aiohttp.ClientSession, max_retries: int = 2, backoff: float = 0.05,
+                 draw: Callable[[], float] = random.random) -> None:
         self.http = http
+        self.draw = draw  # the canary draw (`revision`); tests pass a fixed sequence
         self.max_retries = max_retries  # for requests that name an upstream (no route, no escalation block)
         self.backoff = backoff
         self._refused: set[str] = set()  # upstreams whose refusal of our credential was logged
@@ -284,9 +311,11 @@ class Caller:
             return exc.verdict.wait
         return float(wait_exponential(multiplier=self.backoff, max=2.0)(state))
 
-    async def _with_retries(self, up: Upstream, once: Callable[[], Awaitable[T]], at: Attempt) -> T:
-        """Run `once` until it does not raise Retryable, then give up with UpstreamFailed."""
-        attempts = (self.max_retries if at.retries is None else at.retries) + 1
+    async def _with_retries(self, up: Upstream, once: Callable[[], Awaitable[T]], at: Attempt,
+                            extra: int = 0) -> T:
+        """Run `once` until it does not raise Retryable, then give up with UpstreamFailed. `extra`:
+        attempts on top of the budget (a canary's failed attempt is retried on stable)."""
+        attempts = (self.max_retries if at.retries is None else at.retries) + 1 + extra
         try:
             async for attempt in AsyncRetrying(stop=stop_after_attempt(attempts), wait=self._wait,
                                                retry=retry_if_exception_type(Retryable), reraise=True):
@@ -323,10 +352,11 @@ class Caller:
                                     "(timeouts.connect_seconds)")) from exc
 
     @staticmethod
-    def _timed_out(up: Upstream, reason: str, at: Attempt) -> Exception:
+    def _timed_out(up: Upstream, reason: str, at: Attempt, rev: Revision = "stable") -> Exception:
         """A first-byte or idle timeout: each retry would cost the whole timeout again, so with a next
-        tier able to answer it moves on at once; on the last tier it is retried like any failure."""
-        if at.can_escalate:
+        tier able to answer it moves on at once; on the last tier it is retried like any failure. On
+        the canary it is retried (on stable): the canary's slowness must not move a request up a tier."""
+        if at.can_escalate and rev == "stable":
             return UpstreamFailed(f"{up.name}: {reason}", Verdict("escalate", reason))
         return Retryable(Verdict("retry", reason))
 
@@ -341,10 +371,14 @@ class Caller:
         if why := missing_key(up):
             raise UpstreamFailed(why)
         prov = provider_of(up)
-        url, headers, payload = prov.build_request(up, endpoint, body)
+        first_rev, tried = revision(up, self.draw()), list[Revision]()
+        calls = {rev: prov.build_request(at_revision(up, rev), endpoint, body) for rev in (first_rev, "stable")}
         lim = limits(up, at.timeouts)
 
         async def once() -> dict[str, Any]:
+            rev: Revision = "stable" if tried else first_rev  # every retry goes to the stable revision
+            tried.append(rev)
+            url, headers, payload = calls[rev]
             try:
                 first_byte = asyncio.timeout(lim.first_byte)
                 try:
@@ -352,7 +386,7 @@ class Caller:
                         resp = await self._post(url, headers, payload, lim)
                 except TimeoutError as exc:
                     if first_byte.expired():
-                        raise self._timed_out(up, self._late(lim), at) from exc
+                        raise self._timed_out(up, self._late(lim), at, rev) from exc
                     raise
                 try:
                     content = await _read(resp, lim.idle)
@@ -360,7 +394,7 @@ class Caller:
                     resp.close()  # half-read: never back into the pool
                     if isinstance(exc, TimeoutError):
                         raise self._timed_out(up, f"the answer stalled for {lim.idle:g} s (timeouts.idle_seconds)",
-                                              at) from exc
+                                              at, rev) from exc
                     raise
                 resp.release()
             except NETWORK_ERRORS as exc:
@@ -388,9 +422,10 @@ class Caller:
                 raise Retryable(Verdict("retry", "the upstream's answer has no choices (not a completion)"))
             if headers_out is not None:
                 headers_out.update(relayed_headers(resp.headers))
+                headers_out[REVISION_HEADER] = rev
             return data
 
-        return await self._with_retries(up, once, at)
+        return await self._with_retries(up, once, at, extra=int(first_rev == "canary"))
 
     async def open_stream(self, up: Upstream, endpoint: str, body: dict[str, Any],
                           at: Attempt | None = None) -> tuple[Stream, Any]:
@@ -400,10 +435,14 @@ class Caller:
         if why := missing_key(up):
             raise UpstreamFailed(why)
         prov = provider_of(up)
-        url, headers, payload = prov.build_request(up, endpoint, body)
+        first_rev, tried = revision(up, self.draw()), list[Revision]()
+        calls = {rev: prov.build_request(at_revision(up, rev), endpoint, body) for rev in (first_rev, "stable")}
         lim = limits(up, at.timeouts)
 
         async def once() -> tuple[Stream, Any]:
+            rev: Revision = "stable" if tried else first_rev  # every retry goes to the stable revision
+            tried.append(rev)
+            url, headers, payload = calls[rev]
             resp: aiohttp.ClientResponse | None = None
             first_byte = asyncio.timeout(lim.first_byte)
             try:
@@ -418,7 +457,7 @@ class Caller:
                 if resp is not None:
                     resp.close()  # half-read: never back into the pool
                 if first_byte.expired():
-                    raise self._timed_out(up, self._late(lim), at) from exc
+                    raise self._timed_out(up, self._late(lim), at, rev) from exc
                 raise Retryable(Verdict("retry", type(exc).__name__)) from exc
             except NETWORK_ERRORS as exc:
                 if resp is not None:
@@ -428,6 +467,7 @@ class Caller:
             if not first:
                 resp.release()
                 raise Retryable(Verdict("retry", "the upstream ended the stream before sending anything"))
-            return Stream(resp, first, lim.idle), anthropic.StreamTranslator() if up.provider == "anthropic" else None
+            translator = anthropic.StreamTranslator() if up.provider == "anthropic" else None
+            return Stream(resp, first, lim.idle, rev), translator
 
-        return await self._with_retries(up, once, at)
+        return await self._with_retries(up, once, at, extra=int(first_rev == "canary"))

@@ -39,8 +39,8 @@ def cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
 
 def step(status: dict[str, Any], dep: dict[str, Any], now: str, cdep: dict[str, Any] | None = None,
          samples: Any = None, spare: int = 8, spec: dict[str, Any] = CHANGED) -> Any:
-    return reconcile(Observed("x", "ns", "uid", 2, spec, status, dep, canary_deployment=cdep, canary_samples=samples),
-                     lambda p: spare, now)
+    return reconcile(Observed("x", "ns", "uid", 2, spec, status, dep, canary_deployment=cdep,
+                              has_canary_service=cdep is not None, canary_samples=samples), lambda p: spare, now)
 
 
 def test_an_engine_change_without_a_spare_gpu_waits_and_touches_nothing() -> None:
@@ -56,7 +56,8 @@ def test_an_engine_change_without_a_spare_gpu_waits_and_touches_nothing() -> Non
 def test_a_bad_change_is_canaried_and_rolled_back_leaving_stable_untouched_and_not_retried() -> None:
     dep, status = stable_world()
     out = step(status, dep, "2026-01-01T00:00:00Z")
-    assert out.deployment_patch is None and [b["metadata"]["name"] for b in out.create] == ["x-vllm-canary"]
+    assert out.deployment_patch is None and [(b["kind"], b["metadata"]["name"]) for b in out.create] == [
+        ("Deployment", "x-vllm-canary"), ("Service", "x-vllm-canary")]  # the canary and its own Service
     cdep = complete(out.create[0])
     assert cdep["spec"]["replicas"] == 1 and cdep["spec"]["selector"]["matchLabels"][render.TRACK_LABEL] == "canary"
     hash_new = cdep["spec"]["template"]["metadata"]["annotations"][render.ENGINE_HASH]
