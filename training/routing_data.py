@@ -3,6 +3,11 @@ GSM8K) into rows for training and evaluating the complexity classifier.
 
 Groups: each MMLU subject is one group, so grouped folds hold out whole subjects as production
 traffic will; GSM8K rows fall into random groups (seeded), as there are no topics to leak.
+
+Holdout (`is_holdout`): a fixed part of the split that no modelling choice may see, fixed before any
+candidate was scored by a seeded rule: `random.Random(HOLDOUT_SEED)` samples 8 of the 40 MMLU subjects
+(sorted by name) and then 2 of the 8 GSM8K buckets. Choices are made by grouped CV on the rest (`dev`);
+the holdout is scored once per candidate, to check the choice, never to make it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ WEAK = "mistralai/Mixtral-8x7B-Instruct-v0.1"
 STRONG = "gpt-4-1106-preview"
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "routing"
 GSM8K_GROUPS = 8
+HOLDOUT_SEED = 2014
+HOLDOUT_SUBJECTS, HOLDOUT_GSM8K = 8, 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +69,17 @@ def load_rows(root: Path | None = None) -> list[Row]:
             group = f"gsm8k-{rng.randrange(GSM8K_GROUPS)}"
             rows.append(Row(rec["prompt"], "gsm8k", group, rec[WEAK] == "True", rec[STRONG] == "True"))
     return rows
+
+
+def holdout_groups(rows: list[Row]) -> frozenset[str]:
+    """The groups of the fixed holdout (see the module docstring)."""
+    rng = random.Random(HOLDOUT_SEED)
+    subjects = sorted({r.group for r in rows if r.dataset == "mmlu"})
+    picked = rng.sample(subjects, HOLDOUT_SUBJECTS)
+    picked += [f"gsm8k-{i}" for i in rng.sample(range(GSM8K_GROUPS), HOLDOUT_GSM8K)]
+    return frozenset(picked)
+
+
+def is_holdout(rows: list[Row]) -> list[bool]:
+    held = holdout_groups(rows)
+    return [r.group in held for r in rows]
