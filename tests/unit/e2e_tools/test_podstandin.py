@@ -36,9 +36,11 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
-def pod(name: str, phase: str = "Running", deleting: bool = False, upstream: str = "llm") -> dict[str, Any]:
-    meta: dict[str, Any] = {"namespace": "demo", "name": name, "uid": f"uid-{name}",
-                            "labels": {"oculis.dev/upstream": upstream, "app.kubernetes.io/name": "vllm"}}
+def pod(name: str, phase: str = "Running", deleting: bool = False, upstream: str = "llm",
+        canary: bool = False) -> dict[str, Any]:
+    labels = ({"oculis.dev/upstream": upstream, "app.kubernetes.io/name": "vllm-canary", "oculis.dev/track": "canary"}
+              if canary else {"oculis.dev/upstream": upstream, "app.kubernetes.io/name": "vllm"})
+    meta: dict[str, Any] = {"namespace": "demo", "name": name, "uid": f"uid-{name}", "labels": labels}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     return {"metadata": meta, "spec": {"nodeName": "h100-pool-0", "containers": [{"name": "vllm", "args": ARGS}]},
@@ -95,3 +97,17 @@ def test_stand_in_serves_running_pods_and_stops_them_with_the_pod(tmp_path: Path
         assert proc.popen.wait(10) is not None
     finally:
         s.shutdown()
+
+
+def test_canary_pods_map_to_the_canary_service_host_and_stable_pods_to_the_stable_one_only() -> None:
+    stable, canary = view(pod("llm-vllm-7c9d-abcde")), view(pod("llm-vllm-canary-5f8b-fghij", canary=True))
+    assert (stable.track, canary.track) == ("stable", "canary")
+    # the hosts of render.endpoint() and render.canary_endpoint(), as their Services select the pods
+    assert stable.service_host == "llm-vllm.demo.svc" and canary.service_host == "llm-vllm-canary.demo.svc"
+    doc = ps.endpoint_map([ps.Serving(stable, 41000, 1), ps.Serving(canary, 41001, 2)])
+    assert doc["llm-vllm.demo.svc"]["ports"] == [41000] and doc["llm-vllm-canary.demo.svc"]["ports"] == [41001]
+    # once the canary goes, its host stays known with no port (the router says nothing serves it)
+    gone = ps.endpoint_map([ps.Serving(stable, 41000, 1)], [stable, canary])
+    assert gone["llm-vllm-canary.demo.svc"]["ports"] == [] and gone["llm-vllm.demo.svc"]["ports"] == [41000]
+    # the watch lists both kinds of engine pod
+    assert "app.kubernetes.io/name in (vllm,vllm-canary)" in ps.SELECTOR
