@@ -15,9 +15,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from oculis import Route
+from oculis.router import Upstream
+from oculis_cli import cascade
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 EXIT_CODES = {PASS: 0, FAIL: 3, INCONCLUSIVE: 4}
@@ -123,12 +127,29 @@ class Result:
     escalated: bool
     correct: bool  # the routed answer
     baseline_correct: bool  # the strongest tier's answer
+    # For the cascade cost (cascade.py): the tier's index, the prompt's tokens (offline: the classifier's
+    # count; online: the answer's usage), the answer's output tokens where measured (online),
+    # each tier's outcome where the suite line has one (offline), and whether the router replaced an
+    # answer on its confidence (online: x-oculis-escalation-reason: answer).
+    tier_index: int = -1
+    prompt_tokens: int = 0
+    output_tokens: int | None = None
+    outcomes: tuple[bool | None, ...] = ()
+    answer_escalated: bool = False
+
+
+def tier_outcomes(item: Item, tiers: Sequence[tuple[str, str]]) -> tuple[bool | None, ...]:
+    """Each (tier, upstream)'s outcome on the line, by upstream else by tier name; None where absent."""
+    outcomes = item.outcomes or {}
+    return tuple(outcomes.get(up, outcomes.get(name)) for name, up in tiers)
 
 
 def offline_result(item: Item, tier: str, upstream: str, escalated: bool, strongest_upstream: str,
-                   strongest_tier: str = "") -> Result:
+                   strongest_tier: str = "", index: int = -1, prompt_tokens: int = 0,
+                   tiers: Sequence[tuple[str, str]] = ()) -> Result:
     """The routed tier's and the strongest tier's outcome from the suite line itself, keyed by upstream
-    (as ../shared/data/routing is, per model) or else by tier name."""
+    (as ../shared/data/routing is, per model) or else by tier name. `tiers`: the route's (name,
+    upstream) pairs, for every tier's outcome (the oracle cascade)."""
     outcomes = item.outcomes or {}
     found = []
     wanted = ((upstream, tier, f"tier {tier}"), (strongest_upstream, strongest_tier, "the strongest tier"))
@@ -138,7 +159,7 @@ def offline_result(item: Item, tier: str, upstream: str, escalated: bool, strong
             raise SuiteLineError(f"line {item.lineno}: outcomes has no entry for upstream {up} ({role}); add "
                                  f"\"{up}\": true|false")
         found.append(outcomes[key])
-    return Result(tier, escalated, found[0], found[1])
+    return Result(tier, escalated, found[0], found[1], index, prompt_tokens, None, tier_outcomes(item, tiers))
 
 
 @dataclass(frozen=True)
@@ -230,3 +251,79 @@ def summarise(results: list[Result], tier_order: list[str], tolerance_pp: float)
                     "escalation_denominator": f"{escalatable} requests that started below the strongest tier"},
         "tiers": tiers,
     }
+
+
+ORACLE_BOUNDS = ("oracle verifier: escalates exactly the wrong answers of each checked tier (p_esc = its observed "
+                 "error rate; a tier without an outcome on the line is passed through). Its accuracy is an upper bound "
+                 "on any answer check's on this route; its cost is a lower bound on the cost of any check that "
+                 "escalates every wrong answer (a real one also escalates some right ones), not on one that misses "
+                 "some")
+
+
+def _checked(route: Route, upstreams: Mapping[str, Upstream]) -> tuple[list[cascade.Tier], dict[str, str], set[int]]:
+    """The route's tiers for the model, why the unchecked ones are not, and the checked indices. A route
+    without escalation.on_answer is judged as if it had it (the suite asks what it would do)."""
+    what_if = route.escalation.on_answer is None
+    tiers, why = cascade.tiers_for(route, upstreams, 1.0, what_if)
+    checked = {i for i, t in enumerate(tiers) if t.p_esc > 0}
+    return tiers, why, checked
+
+
+def oracle_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Sequence[Result], output_tokens: int
+                   ) -> dict[str, Any]:
+    """Offline: routed-only vs cascade cost and accuracy when an ideal verifier escalates every wrong
+    answer of a checked tier to the next tier, whose outcome the suite line gives."""
+    tiers, why, checked = _checked(route, upstreams)
+    last = len(tiers) - 1
+    requests, finals, wrong_at, arrived_at = [], [], [0] * len(tiers), [0] * len(tiers)
+    unknown = 0
+    for r in results:
+        outs = list(r.outcomes) or [None] * len(tiers)
+        outs[r.tier_index] = r.correct  # the routed tier's outcome, as the verdict read it
+        outs[last] = r.baseline_correct
+        p = [0.0] * len(tiers)
+        final: bool | None = None
+        for j in range(r.tier_index, len(tiers)):
+            arrived_at[j] += 1
+            if j in checked and outs[j] is not True:  # wrong, or unknown: passed on up
+                wrong_at[j] += 1
+                p[j] = 1.0
+                continue
+            final = outs[j]
+            break
+        if final is None:
+            unknown += 1
+        finals.append(bool(final))
+        requests.append(cascade.Request(r.tier_index, r.prompt_tokens, output_tokens, p_esc=tuple(p)))
+    shown = [cascade.Tier(t.name, t.upstream, t.pricing, wrong_at[i] / arrived_at[i] if arrived_at[i] else 0.0)
+             for i, t in enumerate(tiers)]
+    rep = cascade.report(shown, requests, "oracle verifier (offline): p_esc = each checked tier's observed error rate "
+                         "on the answers it gave (routed there or escalated to it)",
+                         f"prompt tokens of each suite prompt by the classifier's tokenizer; {output_tokens} output "
+                         "tokens per answer assumed (--output-tokens)", why)
+    n = len(results)
+    rep["accuracy"] = {"routed": round(sum(r.correct for r in results) / n, 4),
+                       "cascade": round(sum(finals) / n, 4),
+                       "all_strongest": round(sum(r.baseline_correct for r in results) / n, 4),
+                       "unknown_final_outcomes": unknown,
+                       "rule": "a wrong answer of a checked tier escalated gets the next tier's outcome"}
+    rep["bounds"] = ORACLE_BOUNDS
+    return rep
+
+
+def online_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Sequence[Result]) -> dict[str, Any]:
+    """Online: the router replaced answers itself; p_esc measured from x-oculis-escalation-reason:
+    answer, pooled over the checked tiers (the header names the tier that answered, not the one replaced)."""
+    tiers, why, checked = _checked(route, upstreams)
+    index = {t.name: i for i, t in enumerate(route.tiers)}
+    known = [r for r in results if r.tier in index]
+    replaced = sum(r.answer_escalated for r in known)
+    kept = sum(index[r.tier] in checked and not r.answer_escalated for r in known)
+    p = replaced / (replaced + kept) if replaced + kept else 0.0
+    src = (f"measured online: {replaced} answers replaced (x-oculis-escalation-reason: answer) / {replaced + kept} "
+           "answers of the checked tiers (pooled)")
+    shown = [cascade.Tier(t.name, t.upstream, t.pricing, p if i in checked else 0.0) for i, t in enumerate(tiers)]
+    requests = [cascade.Request(max(index[r.tier] - r.answer_escalated, 0), r.prompt_tokens, r.output_tokens or 0)
+                for r in known]
+    return cascade.report(shown, requests, src, "the answers' usage (prompt and completion tokens); a replaced answer "
+                          "counted at the tier below the one that answered", why)

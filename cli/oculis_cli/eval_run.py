@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from oculis import Route
+from oculis_cli import cascade
 from oculis_cli import checks_output as out
 from oculis_cli import eval_core as core
 from oculis_cli.clusterinputs import catalog_route, emit
@@ -40,6 +41,8 @@ def register(sub: Any) -> None:
                    "client key (default OPENAI_API_KEY; unset sends none)")
     p.add_argument("--concurrency", type=int, default=8, help="online: requests in flight (default 8)")
     p.add_argument("--max-tokens", type=int, default=256, help="online: max_tokens of each request")
+    p.add_argument("--output-tokens", type=int, default=256, metavar="N", help="offline: assumed output tokens per "
+                   "answer, for the cascade cost (default 256; online uses the answers' usage)")
     add_source_flags(p, prometheus=False)
     out.add_output_flag(p)
     p.set_defaults(run=run)
@@ -51,10 +54,16 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         print(f"oculis eval run: --tolerance-pp {args.tolerance_pp:g} is negative; give the allowed drop, e.g. 2.0",
               file=sys.stderr)
         return EXIT_USAGE
+    try:
+        cascade.parse_output_tokens(args.output_tokens)
+    except ValueError as exc:
+        print(f"oculis eval run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     got = catalog_route(args, "eval run")
     if isinstance(got, int):
         return got
     route = got[1]
+    upstreams = {u.name: u for u in got[0].config.upstreams}
     try:
         text = read_text(args.suite, "--suite")
     except InputError as exc:
@@ -84,6 +93,8 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     rep = core.summarise(results, [t.name for t in route.tiers], args.tolerance_pp)
     rep["route"], rep["mode"], rep["skipped_lines"] = route.name, "offline" if offline else "online", len(errors)
     rep["baseline"] = {"tier": route.tiers[-1].name, "upstream": route.tiers[-1].upstream}
+    rep["cascade"] = (core.oracle_cascade(route, upstreams, results, args.output_tokens) if offline
+                      else core.online_cascade(route, upstreams, results))
     code = core.EXIT_CODES[rep["overall"]["verdict"]]
     emit(rep, args.output, stdout, "tiers", render)
     return code
@@ -99,12 +110,13 @@ def offline_results(route: Route, items: list[core.Item], config_path: Path | No
     except ValueError as exc:
         raise SourceError(str(exc), EXIT_USAGE) from None
     strongest = route.tiers[-1].upstream
+    pairs = [(t.name, t.upstream) for t in route.tiers]
     results, errors = [], []
     for item in items:
         try:
-            _, d = scorer.score(item.payload)
+            c, d = scorer.score(item.payload)
             results.append(core.offline_result(item, d.tier.name, d.tier.upstream, d.escalated, strongest,
-                                               route.tiers[-1].name))
+                                               route.tiers[-1].name, d.index, c.prompt_tokens, pairs))
         except core.SuiteLineError as exc:
             errors.append(str(exc))
         except (ValueError, TypeError) as exc:
@@ -124,26 +136,31 @@ def online_results(route: Route, items: list[core.Item], args: argparse.Namespac
     strongest = route.tiers[-1].upstream
     client = httpx.Client(timeout=120, headers=headers)
 
-    def ask(item: core.Item, model: str) -> tuple[str, dict[str, str]]:
+    def ask(item: core.Item, model: str) -> tuple[str, dict[str, str], dict[str, Any]]:
         messages = item.payload.get("messages") or [{"role": "user", "content": item.payload["prompt"]}]
         r = client.post(url, json={"model": model, "messages": messages, "temperature": 0,
                                    "max_tokens": args.max_tokens})
         if r.status_code != 200:
             raise ValueError(f"{model} answered HTTP {r.status_code}: {r.text[:200]}")
-        content = r.json()["choices"][0]["message"].get("content") or ""
-        return str(content), dict(r.headers)
+        data = r.json()
+        content = data["choices"][0]["message"].get("content") or ""
+        usage = data.get("usage")
+        return str(content), dict(r.headers), usage if isinstance(usage, dict) else {}
 
     def one(item: core.Item) -> core.Result | str:
         try:
-            answer, h = ask(item, route.name)
-            base, _ = ask(item, strongest)
+            answer, h, usage = ask(item, route.name)
+            base, _, _ = ask(item, strongest)
         except httpx.TransportError as exc:
             raise SourceError(f"the router at {args.url} is unreachable ({type(exc).__name__}); start it or fix "
                               "--url", EXIT_UNREACHABLE) from None
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             return f"line {item.lineno}: {exc}"
+        tokens = [v if isinstance(v, int) and not isinstance(v, bool) else 0
+                  for v in (usage.get("prompt_tokens"), usage.get("completion_tokens"))]
         return core.Result(h.get("x-oculis-tier", "?"), h.get("x-oculis-escalated") == "true",
-                           core.grade(answer, item), core.grade(base, item))
+                           core.grade(answer, item), core.grade(base, item), prompt_tokens=tokens[0],
+                           output_tokens=tokens[1], answer_escalated=h.get("x-oculis-escalation-reason") == "answer")
 
     with client, ThreadPoolExecutor(max(1, args.concurrency)) as pool:
         done = list(pool.map(one, items))
@@ -166,6 +183,15 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
     if rep["skipped_lines"]:
         out.line(f"skipped {rep['skipped_lines']} bad suite lines", stdout)
     out.line(f"verdict {o['verdict']}: {o['reason']}", stdout)
+    casc = rep.get("cascade")
+    if casc is not None:
+        stdout.write(cascade.text(casc))
+        acc = casc.get("accuracy")
+        if acc is not None:
+            out.line(f"accuracy: routed-only {acc['routed']:.3f}, cascade {acc['cascade']:.3f}, all-"
+                     f"{rep['baseline']['tier']} {acc['all_strongest']:.3f} ({acc['rule']}; "
+                     f"{acc['unknown_final_outcomes']} final outcomes unknown, counted wrong)", stdout)
+            out.line(f"bounds: {casc['bounds']}", stdout)
 
 
 def _f(v: float | None) -> str:

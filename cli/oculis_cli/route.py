@@ -41,6 +41,11 @@ def register(sub: Any) -> None:
     from oculis_cli.cost import add_window_flags  # Prometheus mode: `--since 7d` or `--from/--to`
 
     add_window_flags(analyze)
+    analyze.add_argument("--answer-escalation-rate", metavar="P", help="share (0..1) of the checked tiers' answers "
+                         "replaced by the next tier's (escalation.on_answer), for the cascade cost; default: measured "
+                         "over --since, else 0")
+    analyze.add_argument("--output-tokens", type=int, default=256, metavar="N", help="a sample's assumed output "
+                         "tokens per answer, for its cost (default 256; a --since window uses the measured ones)")
     analyze.add_argument("--namespace", "-n", default="default", help="namespace of the routes (cluster mode)")
     analyze.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)")
     analyze.add_argument("--prometheus-url", help="Prometheus base URL (default: OCULIS_PROMETHEUS_URL or "
@@ -105,7 +110,22 @@ def run_score(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: TextI
     return 1 if failed else 0
 
 
+def cascade_flags(args: argparse.Namespace) -> float | str | None:
+    """--answer-escalation-rate (None when not given) and --output-tokens checked; a str: the error."""
+    from oculis_cli import cascade
+
+    try:
+        cascade.parse_output_tokens(args.output_tokens)
+        return None if args.answer_escalation_rate is None else cascade.parse_rate(args.answer_escalation_rate)
+    except ValueError as exc:
+        return str(exc)
+
+
 def run_analyze(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
+    rate = cascade_flags(args)
+    if isinstance(rate, str):
+        print(f"oculis route analyze: {rate}", file=sys.stderr)
+        return 2
     if args.since is not None or args.start is not None:
         from oculis_cli import route_window
 
@@ -141,10 +161,14 @@ def run_analyze(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: Tex
             errors.append(result)
         else:
             c, d = result
-            scored.append(route_analysis.Scored(c.complexity, c.confidence, d.tier.name, d.escalated))
+            scored.append(route_analysis.Scored(c.complexity, c.confidence, d.tier.name, d.escalated,
+                                                d.index, c.prompt_tokens))
     for err in errors[:20]:
         print(f"oculis route analyze: skipped {err}", file=sys.stderr)
     report = route_analysis.analyze(route, scored, shares)
+    if scored:
+        upstreams = {u.name: u for u in read_config(args.config).upstreams}  # read fine a moment ago
+        report["cascade"] = route_analysis.sample_cascade(route, upstreams, scored, rate, args.output_tokens)
     if args.output == "json":
         stdout.write(json.dumps(report, indent=2) + "\n")
     elif args.output == "yaml":
@@ -177,4 +201,9 @@ def render_text(name: str, report: dict[str, Any]) -> str:
                   else f"    {tier}: match: {{}} (no complexity rule: even complexity 1.0 stays here)"
                   for tier, v in suggested.items()]
         lines.append(f"  ({report['note']})")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if "cascade" in report:
+        from oculis_cli import cascade
+
+        text += cascade.text(report["cascade"])
+    return text

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from oculis import Route
+from oculis.router import Upstream
+from oculis_cli import cascade
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,8 @@ class Scored:
     confidence: float
     tier: str
     escalated: bool
+    tier_index: int = 0
+    prompt_tokens: int = 0  # by the classifier's tokenizer, as the router counts them for max_prompt_tokens
 
 
 def parse_shares(raw: str, n_tiers: int) -> list[float]:
@@ -76,3 +81,14 @@ def analyze(route: Route, scored: list[Scored], shares: list[float] | None = Non
         out["note"] = ("complexity only: max_prompt_tokens rules and low-confidence escalation still move "
                        "prompts up, so the split is a starting point; score the sample again after changing it")
     return out
+
+
+def sample_cascade(route: Route, upstreams: Mapping[str, Upstream], scored: list[Scored], rate: float | None,
+                   output_tokens: int) -> dict[str, Any]:
+    """Routed-only vs cascade cost of the sample: each prompt's own tokens, `output_tokens` per answer,
+    p_esc from the flag (a sample has no answers to measure it on) or 0."""
+    p, what_if, source = cascade.resolve_rate(route, None, "", rate)
+    tiers, why = cascade.tiers_for(route, upstreams, p, what_if)
+    requests = [cascade.Request(s.tier_index, s.prompt_tokens, output_tokens) for s in scored]
+    return cascade.report(tiers, requests, source, f"prompt tokens of each sampled prompt by the classifier's "
+                          f"tokenizer; {output_tokens} output tokens per answer assumed (--output-tokens)", why)

@@ -8,8 +8,8 @@ import argparse
 import sys
 from typing import Any, TextIO
 
+from oculis_cli import cascade, route_window_core
 from oculis_cli import checks_output as out
-from oculis_cli import route_window_core
 from oculis_cli.clusterinputs import emit, window_inputs
 
 
@@ -21,6 +21,9 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     assert got.route is not None
     rep = route_window_core.table(got.route, got.counters, got.catalog.pricing, (got.t1 - got.t0).total_seconds())
     rep["window"] = route_window_core.describe_window(got.t0, got.t1)
+    rate = None if args.answer_escalation_rate is None else cascade.parse_rate(args.answer_escalation_rate)
+    upstreams = {u.name: u for u in got.catalog.config.upstreams}
+    rep["cascade"] = route_window_core.window_cascade(got.route, upstreams, got.counters, rate)
     emit(rep, args.output, stdout, "tiers", render)
     return 0
 
@@ -45,3 +48,5 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
     out.line(f"escalation rate: {rate} = {esc['escalated']} escalated / {esc['of_requests']} requests the route "
              f"answered ({reasons})", stdout)
     out.line(f"monthly: {rep['monthly_scaling']}; baseline: {base['rule']}", stdout)
+    if "cascade" in rep:
+        stdout.write(cascade.text(rep["cascade"]))

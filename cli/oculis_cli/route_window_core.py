@@ -15,6 +15,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from oculis import Pricing, Route
+from oculis.router import Upstream
+from oculis_cli import cascade
 from oculis_cli.cost_core import Cell, Counters, cells, reprice
 
 MONTH_DAYS = 30
@@ -116,3 +118,20 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
                            f"{_human(timedelta(seconds=window_seconds))} = x {scale:.4g}",
         "scale": round(scale, 10),
     }
+
+
+def window_cascade(route: Route, upstreams: dict[str, Upstream], c: Counters, rate: float | None) -> dict[str, Any]:
+    """Routed-only vs cascade cost over the window's tier split and tokens. p_esc: measured in the
+    window when the route checks answers and they produced any, else `rate` (the flag), else 0."""
+    checked = {t.name for i, t in enumerate(route.tiers)
+               if cascade.unchecked_reason(route, upstreams.get(t.upstream), i, False) is None}
+    measured, what = cascade.window_rate(route, checked, c.requests, c.escalations) if checked else (None, "")
+    p, what_if, source = cascade.resolve_rate(route, measured, what, rate)
+    tiers, why = cascade.tiers_for(route, upstreams, p, what_if)
+    index = {t.name: i for i, t in enumerate(route.tiers)}
+    pricing = {name: up.pricing for name, up in upstreams.items()}
+    requests = [cascade.Request(index[x.tier], x.prompt_tokens, x.completion_tokens, x.requests, x.cached_tokens)
+                for x in cells(c, pricing) if x.route == route.name and x.tier in index and x.requests > 0]
+    return cascade.report(tiers, requests, source, (
+        "the window's tokens per tier (the router's counters, shared out by requests as in the table above), each "
+        "request counted at the tier that answered it; a replaced answer's tokens are already in its own tier's"), why)

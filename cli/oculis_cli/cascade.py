@@ -1,0 +1,263 @@
+"""The cost of escalating on the answer (`escalation.on_answer`, seed 003's cascade) next to the
+routed-only cost: pure, typed functions, no I/O. `oculis route analyze` and `oculis eval run` report it.
+
+A request routed to tier i costs, routed only, one attempt there. As a cascade it costs
+
+    cascade(i) = attempt(i) + verifier(i) + p_esc(i) x cascade(i + 1),    cascade(last) = attempt(last)
+
+where p_esc(i) is the share of tier i's answers replaced by the next tier's (the first answer is paid
+for all the same: the router counts and bills it). The verifier is $0: the logprob check reads the
+logprobs the cheap engine returns with its answer and makes no extra call, and the schema has no
+verifier upstream. Every attempt is priced by the router's own formula (`usage.cost_dollars`, the
+upstream's `pricing`), with the request's prompt and output tokens at every tier it reaches.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from oculis import Pricing, Route
+from oculis.router import Upstream
+from oculis_router.answer_check import SELF_HOSTED, check_for
+from oculis_router.usage import Usage, cost_dollars
+
+VERIFIER_WHY = ("$0: the logprob check reads the logprobs the engine returns with its answer (no extra call); "
+                "the schema has no verifier upstream")
+DEFAULT_OUTPUT_TOKENS = 256  # an answer's assumed length where none is measured (the online --max-tokens default)
+FORMULA = "cascade(i) = attempt(i) + verifier(i) + p_esc(i) x cascade(i+1); routed-only = attempt(routed tier)"
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    upstream: str
+    pricing: Pricing | None  # None: the upstream is not in the config
+    p_esc: float = 0.0  # share of this tier's answers replaced by the next tier's; 0 on the last tier
+    verifier_dollars: float = 0.0  # per answer checked; 0 for the logprob check (no extra call)
+
+
+@dataclass(frozen=True)
+class Request:
+    """`count` alike requests routed to tier `tier`, with their prompt and output tokens in total."""
+
+    tier: int
+    prompt_tokens: float
+    output_tokens: float
+    count: float = 1.0
+    cached_tokens: float = 0.0  # of prompt_tokens, at the cached price where the upstream has one
+    # Per tier, overriding Tier.p_esc: 0 or 1 where the outcome is known (an oracle verifier).
+    p_esc: Sequence[float] | None = None
+
+
+def priced(p: Pricing | None) -> bool:
+    """A token price is set (the schema's default is 0, which would price every token at $0)."""
+    return p is not None and (p.input_per_mtok > 0 or p.output_per_mtok > 0)
+
+
+def attempt(t: Tier, r: Request) -> float:
+    """One answer from tier t for the request(s), by the router's cost formula."""
+    if t.pricing is None:
+        return 0.0
+    return cost_dollars(t.pricing, Usage(round(r.prompt_tokens), round(r.output_tokens), round(r.cached_tokens), 0))
+
+
+def p_of(tiers: Sequence[Tier], r: Request, i: int) -> float:
+    if i + 1 >= len(tiers):
+        return 0.0  # nothing above the last tier to escalate to
+    return float(r.p_esc[i]) if r.p_esc is not None else tiers[i].p_esc
+
+
+def cascade_cost(tiers: Sequence[Tier], r: Request, i: int | None = None) -> float:
+    """cascade(i) for the request(s), i defaulting to the routed tier."""
+    i = r.tier if i is None else i
+    cost = attempt(tiers[i], r)
+    p = p_of(tiers, r, i)
+    if i + 1 < len(tiers):
+        cost += tiers[i].verifier_dollars * r.count
+        if p > 0:
+            cost += p * cascade_cost(tiers, r, i + 1)
+    return cost
+
+
+def reach(tiers: Sequence[Tier], r: Request) -> list[float]:
+    """Expected requests whose final answer comes from each tier."""
+    final = [0.0] * len(tiers)
+    arriving = r.count
+    for i in range(r.tier, len(tiers)):
+        p = p_of(tiers, r, i)
+        final[i] += arriving * (1 - p)
+        arriving *= p
+    return final
+
+
+def _saving(cost: float, strongest: float) -> float | None:
+    return round(100 * (1 - cost / strongest), 2) if strongest > 0 else None
+
+
+def report(tiers: Sequence[Tier], requests: Sequence[Request], p_source: str, tokens: str,
+           unchecked: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Per routed tier and in total: routed-only cost, cascade cost, all-strongest cost and savings.
+    `p_source` says where p_esc came from, `tokens` where the token counts came from, `unchecked` why
+    a tier below the last gets p_esc 0."""
+    n_tiers, last = len(tiers), len(tiers) - 1
+    routed = [0.0] * n_tiers
+    final = [0.0] * n_tiers
+    only = [0.0] * n_tiers
+    casc = [0.0] * n_tiers
+    strongest = 0.0
+    for r in requests:
+        routed[r.tier] += r.count
+        only[r.tier] += attempt(tiers[r.tier], r)
+        casc[r.tier] += cascade_cost(tiers, r)
+        strongest += attempt(tiers[last], r)
+        final = [a + b for a, b in zip(final, reach(tiers, r), strict=True)]
+    total = sum(routed)
+    t_only, t_casc = sum(only), sum(casc)
+    rows = [{"tier": t.name, "upstream": t.upstream, "priced": priced(t.pricing),
+             "p_esc": round(t.p_esc, 4) if i < last else None,
+             "routed_requests": round(routed[i], 2), "routed_share": round(routed[i] / total, 4) if total else 0.0,
+             "final_share": round(final[i] / total, 4) if total else 0.0,
+             "routed_only_cost": round(only[i], 10), "cascade_cost": round(casc[i], 10)}
+            for i, t in enumerate(tiers)]
+    unpriced = sorted({t.upstream for t in tiers if not priced(t.pricing)})
+    out: dict[str, Any] = {
+        "tiers": rows,
+        "total": {"requests": round(total, 2), "routed_only_cost": round(t_only, 10),
+                  "cascade_cost": round(t_casc, 10),
+                  "cascade_overhead_pct": round(100 * (t_casc / t_only - 1), 2) if t_only > 0 else None},
+        "all_strongest": {"tier": tiers[last].name, "upstream": tiers[last].upstream, "cost": round(strongest, 10),
+                          "routed_only_saving_pct": _saving(t_only, strongest),
+                          "cascade_saving_pct": _saving(t_casc, strongest)},
+        "p_esc_source": p_source,
+        "unchecked": dict(unchecked or {}),
+        "verifier": {"dollars": 0.0, "why": VERIFIER_WHY} if not any(t.verifier_dollars for t in tiers)
+        else {"dollars_per_answer": {t.name: t.verifier_dollars for t in tiers}},
+        "tokens": tokens,
+        "formula": FORMULA,
+        "unpriced": unpriced,
+    }
+    if unpriced:
+        out["unpriced_note"] = (f"no token price for {', '.join(unpriced)}: their tokens count $0 here, so the costs "
+                                "and savings leave them out; set pricing: {input_per_mtok, output_per_mtok}")
+    return out
+
+
+def unchecked_reason(route: Route, up: Upstream | None, i: int, what_if: bool) -> str | None:
+    """Why the router would not check tier i's answers (None: it would). `what_if`: as if
+    escalation.on_answer were configured (a rate given by flag for a route without it)."""
+    n = len(route.tiers)
+    if i + 1 >= n:
+        return "the last tier: nothing to escalate to"
+    if up is None:
+        return f"upstream {route.tiers[i].upstream} is not in the config"
+    if not route.escalation.enabled:
+        return "escalation.enabled is false"
+    if what_if:
+        return None if up.provider in SELF_HOSTED else f"{up.provider} is hosted: not asked for logprobs"
+    if route.escalation.on_answer is None:
+        return "escalation.on_answer is not configured"
+    return None if check_for(route, up, i, n) is not None else f"{up.provider} is hosted: not asked for logprobs"
+
+
+def tiers_for(route: Route, upstreams: Mapping[str, Upstream], p: float | None, what_if: bool
+              ) -> tuple[list[Tier], dict[str, str]]:
+    """The route's tiers with p_esc = p on each tier the router checks (0 elsewhere), and why each
+    other non-last tier is not checked."""
+    tiers, why = [], {}
+    for i, t in enumerate(route.tiers):
+        up = upstreams.get(t.upstream)
+        reason = unchecked_reason(route, up, i, what_if)
+        if reason is not None and i + 1 < len(route.tiers):
+            why[t.name] = reason
+        tiers.append(Tier(t.name, t.upstream, up.pricing if up is not None else None,
+                          p if reason is None and p is not None else 0.0))
+    return tiers, why
+
+
+def resolve_rate(route: Route, measured: float | None, measured_what: str, flag: float | None
+                 ) -> tuple[float, bool, str]:
+    """(p_esc, what_if, where it came from), in order: the measured rate, the flag, else 0."""
+    configured = route.escalation.on_answer is not None
+    if measured is not None:
+        return measured, False, measured_what
+    if flag is not None:
+        if configured:
+            return flag, False, f"--answer-escalation-rate {flag:g}"
+        return flag, True, (f"--answer-escalation-rate {flag:g} (what-if: the route has no escalation.on_answer; "
+                            "applied to the tiers the router would check)")
+    if configured:
+        return 0.0, False, ("0: escalation.on_answer is configured but nothing measured its rate here; pass "
+                            "--answer-escalation-rate P (0..1)")
+    return 0.0, False, "0: escalation.on_answer is not configured (pass --answer-escalation-rate P for a what-if)"
+
+
+def parse_rate(raw: str) -> float:
+    """`--answer-escalation-rate`: a share in [0, 1]; ValueError naming the value and the fix."""
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"--answer-escalation-rate {raw!r} is not a number; give a share such as 0.15") from None
+    if not 0 <= v <= 1:  # NaN fails this too
+        raise ValueError(f"--answer-escalation-rate {raw} is outside 0..1; give a share such as 0.15")
+    return v
+
+
+def parse_output_tokens(n: int) -> int:
+    if n < 1:
+        raise ValueError(f"--output-tokens {n} must be at least 1; give the typical answer length, e.g. "
+                         f"{DEFAULT_OUTPUT_TOKENS}")
+    return n
+
+
+def window_rate(route: Route, checked: set[str], requests: Mapping[tuple[str, str, str, str], float],
+                escalations: Mapping[tuple[str, str], float]) -> tuple[float | None, str]:
+    """p_esc over a window of the router's counters, pooled over the checked tiers (the escalation
+    counter has no tier label): answers replaced / answers those tiers produced, where the answers
+    produced are the ones they finally gave plus the ones replaced. None when they produced none."""
+    replaced = escalations.get((route.name, "low_answer_confidence"), 0.0)
+    kept = sum(v for (r, tier, _, outcome), v in requests.items()
+               if r == route.name and tier in checked and outcome == "ok")
+    produced = kept + replaced
+    if produced <= 0:
+        return None, ""
+    return min(replaced / produced, 1.0), (
+        f"the window: oculis_escalations_total{{reason=\"low_answer_confidence\"}} {replaced:g} / "
+        f"{produced:g} answers of the checked tiers ({', '.join(sorted(checked))}; pooled: the counter has no "
+        "tier label)")
+
+
+def text(rep: dict[str, Any]) -> str:
+    """The cascade block of a table report."""
+    from oculis_cli import checks_output as out
+
+    buf = io.StringIO()
+    cols = ["tier", "upstream", "routed", "p_esc", "final", "routed-only $", "cascade $"]
+    rows: list[list[Any]] = [[t["tier"], t["upstream"] + ("" if t["priced"] else " (unpriced)"),
+                              out.pct(t["routed_share"]), out.pct(t["p_esc"]), out.pct(t["final_share"]),
+                              out.money(t["routed_only_cost"]), out.money(t["cascade_cost"])] for t in rep["tiers"]]
+    tot, base = rep["total"], rep["all_strongest"]
+    over = "" if tot["cascade_overhead_pct"] is None else f" ({tot['cascade_overhead_pct']:+.1f}%)"
+    rows.append(["total", "", "100.0%" if tot["requests"] else "-", "", "", out.money(tot["routed_only_cost"]),
+                 out.money(tot["cascade_cost"]) + over])
+    rows.append([f"all-{base['tier']}", base["upstream"], "", "", "", out.money(base["cost"]), ""])
+    buf.write("cascade (escalation on the answer) vs routed-only:\n")
+    out.plain_table(None, cols, rows, buf, right=cols[2:])
+
+    def pc(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}%"
+
+    buf.write(f"saving vs all-{base['tier']}: routed-only {pc(base['routed_only_saving_pct'])}, "
+              f"cascade {pc(base['cascade_saving_pct'])}\n")
+    buf.write(f"p_esc: {rep['p_esc_source']}\n")
+    for name, why in rep.get("unchecked", {}).items():
+        buf.write(f"  {name}: p_esc 0, {why}\n")
+    verifier = rep["verifier"]
+    buf.write(f"verifier: {verifier.get('why', verifier)}\n")
+    buf.write(f"tokens: {rep['tokens']}\n")
+    buf.write(f"formula: {rep['formula']}\n")
+    if rep.get("unpriced_note"):
+        buf.write(f"unpriced: {rep['unpriced_note']}\n")
+    return buf.getvalue()
