@@ -121,7 +121,9 @@ def cascade_flags(args: argparse.Namespace) -> float | str | None:
         return str(exc)
 
 
-def run_analyze(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
+def run_analyze(args: argparse.Namespace, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+    # Looked up per call, not bound at import: a caller (or a test) that swaps sys.stdout is written to.
+    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     rate = cascade_flags(args)
     if isinstance(rate, str):
         print(f"oculis route analyze: {rate}", file=sys.stderr)
