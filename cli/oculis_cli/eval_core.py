@@ -312,18 +312,23 @@ def oracle_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Seq
 
 
 def online_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Sequence[Result]) -> dict[str, Any]:
-    """Online: the router replaced answers itself; p_esc measured from x-oculis-escalation-reason:
-    answer, pooled over the checked tiers (the header names the tier that answered, not the one replaced)."""
+    """Online: the router replaced answers itself. p_esc per checked tier from x-oculis-escalation-reason:
+    answer: the header names the tier that answered, so a replaced answer is taken to come from the tier
+    below it (one step; a request replaced twice counts once)."""
     tiers, why, checked = _checked(route, upstreams)
     index = {t.name: i for i, t in enumerate(route.tiers)}
     known = [r for r in results if r.tier in index]
-    replaced = sum(r.answer_escalated for r in known)
-    kept = sum(index[r.tier] in checked and not r.answer_escalated for r in known)
-    p = replaced / (replaced + kept) if replaced + kept else 0.0
-    src = (f"measured online: {replaced} answers replaced (x-oculis-escalation-reason: answer) / {replaced + kept} "
-           "answers of the checked tiers (pooled)")
-    shown = [cascade.Tier(t.name, t.upstream, t.pricing, p if i in checked else 0.0) for i, t in enumerate(tiers)]
-    requests = [cascade.Request(max(index[r.tier] - r.answer_escalated, 0), r.prompt_tokens, r.output_tokens or 0)
-                for r in known]
-    return cascade.report(shown, requests, src, "the answers' usage (prompt and completion tokens); a replaced answer "
-                          "counted at the tier below the one that answered", why)
+    routed = [max(index[r.tier] - r.answer_escalated, 0) for r in known]
+    replaced, produced = [0] * len(tiers), [0] * len(tiers)
+    for r, i in zip(known, routed, strict=True):
+        produced[index[r.tier]] += 1  # the answer the client got
+        if r.answer_escalated:
+            replaced[i] += 1
+            produced[i] += 1  # ... and the one it replaced
+    shown = [cascade.Tier(t.name, t.upstream, t.pricing, replaced[i] / produced[i] if i in checked and produced[i]
+                          else 0.0) for i, t in enumerate(tiers)]
+    src = (f"measured online: {sum(replaced)} answers replaced (x-oculis-escalation-reason: answer) of "
+           f"{sum(produced[i] for i in checked)} the checked tiers gave")
+    requests = [cascade.Request(i, r.prompt_tokens, r.output_tokens or 0) for r, i in zip(known, routed, strict=True)]
+    return cascade.report(shown, requests, src, "the answers' usage (prompt and completion tokens; the replaced "
+                          "answer assumed as long as the one sent)", why)

@@ -69,3 +69,31 @@ def test_online_eval_against_a_router_that_is_down_exits_5(tmp_path: Path, fakes
                  "--url", f"http://127.0.0.1:{free_port()}"])
     err = capsys.readouterr().err
     assert code == 5 and "unreachable" in err and len(err.strip().splitlines()) == 1
+
+
+def test_online_eval_measures_the_answer_escalation_rate_for_the_cascade_cost(
+        fakes: Fakes, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The 8B tier is unsure of every answer (mean logprob -2.5 < -1.0): the router replaces each by the 70B's.
+    for name, logprob in (("small", -2.5), ("large", -0.2)):
+        fakes.scripts[name].give_logprobs, fakes.scripts[name].logprob = True, logprob
+    cfg = tmp_path / "oculis-config.yaml"
+    cfg.write_text(yaml.safe_dump(fakes.config(
+        escalation={"enabled": True, "on_low_confidence": False, "on_answer": {"min_mean_logprob": -1.0}},
+        cache={"enabled": False})))
+    router, url, _ = start_router(cfg, tmp_path / "router.log")
+    try:
+        suite = tmp_path / "suite.jsonl"
+        suite.write_text("".join(json.dumps({"prompt": p, "expected": r"^hello from", "match": "regex"}) + "\n"
+                                 for p in ("hi", "thanks", "ok then")))
+        monkeypatch.setenv("OCULIS_EVAL_KEY", "sk-client")
+        main(["eval", "run", "--route", "adaptive", "--suite", str(suite), "--url", url, "--config", str(cfg),
+              "--api-key-env", "OCULIS_EVAL_KEY", "-o", "json"])
+        casc = json.loads(capsys.readouterr().out)["cascade"]
+        by = {t["tier"]: t for t in casc["tiers"]}
+        assert by["simple"]["p_esc"] == 1.0 and "measured online: 3 answers replaced" in casc["p_esc_source"]
+        assert by["standard"]["p_esc"] == 0.0  # the 70B tier kept the answers it gave
+        assert by["simple"]["routed_requests"] == 3  # routed to the 8B tier, answered by the 70B one
+        assert casc["total"]["cascade_cost"] > casc["total"]["routed_only_cost"] > 0  # the answers' usage, priced
+    finally:
+        router.terminate()
+        router.wait(10)

@@ -130,5 +130,6 @@ def test_eval_online_measures_the_rate_from_the_answer_escalation_header() -> No
           + [core.Result("complex", False, True, True, prompt_tokens=10, output_tokens=5)] * 2)
     rep = core.online_cascade(route, ups, rs)
     assert rep["tiers"][0]["p_esc"] == pytest.approx(2 / 8)  # 2 replaced / (6 kept + 2 replaced)
+    assert rep["tiers"][1]["p_esc"] == 0.0  # the 70B tier kept both answers it gave
     assert rep["tiers"][0]["routed_requests"] == 8  # a replaced answer was routed to the tier below
     assert "measured online" in rep["p_esc_source"]
