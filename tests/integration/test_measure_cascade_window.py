@@ -47,9 +47,9 @@ def test_the_windows_answer_escalation_rate_is_the_routers_replaced_answers_over
         with httpx.Client(timeout=30, headers={"authorization": "Bearer sk-client"}) as client:
             for logprob in (-2.5, -0.5):  # unsure of every answer, then sure of every one
                 fakes.scripts["small"].logprob = logprob
-                for p in EASY:
+                for prompt in EASY:
                     r = client.post(url + "/v1/chat/completions", json={
-                        "model": "adaptive", "messages": [{"role": "user", "content": p}]})
+                        "model": "adaptive", "messages": [{"role": "user", "content": prompt}]})
                     assert r.status_code == 200, r.text
                     if r.headers.get("x-oculis-escalation-reason") == "answer":
                         replaced += 1
