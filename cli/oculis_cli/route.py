@@ -4,7 +4,8 @@ router's classifier path.
 Each input line is `{"prompt": str}` or `{"messages": [...]}`. `score` writes one line per input, in
 order: `{"complexity": float, "confidence": float, "tier": str}`, or `{"error": ...}` for a bad line
 (then the exit code is 1). `analyze` summarises a sample of traffic (tier shares, complexity
-quantiles) and, with `--shares`, suggests thresholds for a wanted split; bad lines are reported on
+quantiles, the routed-only vs cascade cost of escalating on the answer: cascade.py) and, with
+`--shares`, suggests thresholds for a wanted split; bad lines are reported on
 stderr and give exit 1. A bad config, route or `--shares` exits 2 before reading input.
 """
 
