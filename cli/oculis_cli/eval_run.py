@@ -5,6 +5,9 @@ Offline (the default): each suite line carries per-upstream outcomes, and the ro
 prompt comes from exactly the router's classifier path (RouteScorer), so the accuracy is the one the
 routing implies. Online (`--url`): each prompt is sent to the router under the route's name and to the
 strongest tier's upstream by name, and both answers are graded (exact, regex or a JSON field).
+Both report the cascade cost of escalating on the answer next to the routed-only cost (eval_core,
+cascade.py): offline with an oracle verifier (and the accuracy it would reach), online with the rate
+the router's x-oculis-escalation-reason headers show.
 
 Exit codes: 0 PASS, 3 FAIL, 4 INCONCLUSIVE, 2 bad input, 5 router unreachable."""
 
