@@ -176,6 +176,19 @@ def contextual(c: float, blend: float) -> Fit:
     return fit
 
 
+def fidelity(d: Data, lam: float = 1.0) -> None:
+    """Label-free: how close each table's normalised mean over a prompt's pieces comes to MiniLM's
+    contextual embedding of it (mean cosine), on grouped folds of dev: what the distillation lost."""
+    dev = np.nonzero(~d.hold)[0]
+    cos: dict[str, list[F]] = {"static": [], "tokenlearn": []}
+    for tr, te in GroupKFold(n_splits=FOLDS).split(dev, groups=d.groups[dev]):
+        for name, table in (("static", d.static), ("tokenlearn", tokenlearn_table(d, dev[tr], lam))):
+            cos[name].append(np.sum(normalise(np.asarray(d.A[dev[te]] @ table)) * d.ctx[dev[te]], axis=1))
+    for name, v in cos.items():
+        print(f"fidelity to MiniLM's contextual embedding, unseen subjects: {name} table, mean cosine "
+              f"{np.concatenate(v).mean():.3f}")
+
+
 def length(d: Data, tr: Idx, te: Idx) -> F:
     out: F = d.log_len[te]
     return out
@@ -213,9 +226,13 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/k14cache"))
     ap.add_argument("--boot", type=int, default=500)
     ap.add_argument("--dev-only", action="store_true", help="grouped CV only: for exploring, the holdout unseen")
+    ap.add_argument("--fidelity", action="store_true", help="only the label-free table fidelity")
     ap.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
     args = ap.parse_args()
     d = Data(args.cache)
+    if args.fidelity:
+        fidelity(d)
+        return 0
     rng = np.random.default_rng(0)
     rand = rng.random(len(d.rows))
     candidates: dict[str, Fit] = {

