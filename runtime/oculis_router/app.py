@@ -237,7 +237,9 @@ class Router:
             hold = None if rt.limiter is None else await rt.limiter.admit(
                 rt.config.server, plan.route.route if plan.route else None, route_label,
                 identity_of(request.headers, tenant), body, plan.prompt_tokens,
-                [u.pricing for u in plan.tiers])
+                [u.pricing for u in plan.tiers],
+                [answers.check_for(plan.route.route if plan.route else None, u, i, len(plan.tiers)) is not None
+                 for i, u in enumerate(plan.tiers)])
             key = None
             if plan.route and plan.route.store and rcache.cacheable(plan.route.route.cache, body):
                 key = rcache.cache_key(plan.route.route.cache, body, tenant, plan.tiers[0], endpoint)

@@ -206,17 +206,30 @@ def max_completion_of(body: Mapping[str, Any], default: int) -> int:
     return default
 
 
-def worst_cost(prices: Sequence[Pricing], prompt: int, completion: int) -> float:
-    """The most `prompt` + `completion` tokens can cost on any of these tiers: every prompt token
-    uncached, or written to the provider's cache when that is dearer."""
+def worst_cost(prices: Sequence[Pricing], prompt: int, completion: int,
+               replaceable: Sequence[bool] = ()) -> float:
+    """The most `prompt` + `completion` tokens can cost on these tiers (in attempt order): every prompt
+    token uncached, or written to the provider's cache when that is dearer. `replaceable[i]`: tier i's
+    answer may be replaced by tier i+1's (escalation.on_answer), so both are billed; the worst case is
+    then the dearest run of attempts chained that way, not one tier."""
     plain, written = Usage(prompt, completion, 0, 0), Usage(prompt, completion, 0, prompt)
-    return max((max(cost_dollars(p, plain), cost_dollars(p, written)) for p in prices), default=0.0)
+    each = [max(cost_dollars(p, plain), cost_dollars(p, written)) for p in prices]
+    worst = 0.0
+    for start in range(len(each)):
+        total, i = each[start], start
+        while i + 1 < len(each) and i < len(replaceable) and replaceable[i]:
+            i += 1
+            total += each[i]
+        worst = max(worst, total)
+    return worst
 
 
 def reservation(body: Mapping[str, Any], prompt_tokens: int, default_max: int,
-                prices: Sequence[Pricing]) -> Reservation:
+                prices: Sequence[Pricing], replaceable: Sequence[bool] = ()) -> Reservation:
+    """Tokens are reserved for one answer (a replaced one is settled at the end); dollars for the worst
+    chain of billed answers."""
     out = max_completion_of(body, default_max)
-    return Reservation(prompt_tokens, out, worst_cost(prices, prompt_tokens, out))
+    return Reservation(prompt_tokens, out, worst_cost(prices, prompt_tokens, out, replaceable))
 
 
 def amount(c: Counter, r: Reservation) -> float:

@@ -288,9 +288,11 @@ class Limiter:
                         op == "reserve" else "serving uncounted", type(exc).__name__, exc)
 
     async def admit(self, server: ServerSettings, route: Route | None, route_label: str, who: L.Identity,
-                    body: Mapping[str, Any], prompt_tokens: int | None, prices: Sequence[Pricing]) -> Hold | None:
+                    body: Mapping[str, Any], prompt_tokens: int | None, prices: Sequence[Pricing],
+                    replaceable: Sequence[bool] = ()) -> Hold | None:
         """A hold to settle at the request's end, None when no limit applies; raises the 429.
-        `prompt_tokens`: the classifier's count, when the request was classified (else estimated here)."""
+        `prompt_tokens`: the classifier's count, when the request was classified (else estimated here);
+        `replaceable[i]`: tier i's answer may be replaced by the next one's, so both are billed."""
         policy = L.policy_for(server, route, who)
         now = time.time()
         counters = L.counters_for(policy, who, route_label, now)
@@ -298,7 +300,7 @@ class Limiter:
             return None
         if prompt_tokens is None:
             prompt_tokens = prompt_tokens_of(body)
-        res = L.reservation(body, prompt_tokens, server.limiter.reserve_max_tokens, prices)
+        res = L.reservation(body, prompt_tokens, server.limiter.reserve_max_tokens, prices, replaceable)
         amounts = [L.amount(c, res) for c in counters]
         try:
             if time.monotonic() < self._down_until:

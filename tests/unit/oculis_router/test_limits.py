@@ -119,6 +119,21 @@ def test_the_dollar_reservation_is_the_worst_case_over_the_tiers_by_the_metrics_
     assert r.dollars == pytest.approx((2000 * 3.75 + 1000 * 15) / 1e6)
 
 
+def test_the_dollar_reservation_covers_answers_billed_and_replaced_on_escalation() -> None:
+    """With escalation.on_answer a checked tier's answer is billed and then replaced by the next tier's:
+    admission must reserve the whole chain, not only the dearest tier."""
+    cheap = Pricing(input_per_mtok=0.05, output_per_mtok=0.08)
+    dear = Pricing(input_per_mtok=3, output_per_mtok=15)
+    one = L.reservation({"max_tokens": 1000}, 2000, 256, [cheap, dear]).dollars
+    chained = L.reservation({"max_tokens": 1000}, 2000, 256, [cheap, dear], [True, False]).dollars
+    assert one == pytest.approx(cost_dollars(dear, Usage(2000, 1000, 0, 0)))
+    assert chained == pytest.approx(cost_dollars(cheap, Usage(2000, 1000, 0, 0)) + one)
+    # a chain stops at a tier whose answer is not checked
+    mid = Pricing(input_per_mtok=1, output_per_mtok=1)
+    assert L.worst_cost([cheap, mid, dear], 2000, 1000, [False, True, False]) == pytest.approx(
+        cost_dollars(mid, Usage(2000, 1000, 0, 0)) + one)
+
+
 def rate(limit: float, kind: L.Kind = "tokens_per_minute") -> L.Counter:
     pol = L.Policy(Limits(**{kind: int(limit)}), "adaptive", None, "")
     return L.counters_for(pol, ALICE, "adaptive", NOW)[0]
