@@ -1,9 +1,9 @@
-"""Load for the demo's canary step: long prompts to every pod of one Service host in the stand-in's
-endpoint map (stable and canary pods alike, as a Service spreads them), a few at a time each, until
-killed. Each prompt starts with a fresh word, so no prefix-cache hit hides the prefill the canary's
-change slows down.
+"""Load for the demo's canary step: long prompts to every pod behind the given Service hosts in the
+stand-in's endpoint map (the stable and the canary Service, so both tracks are measured), a few at a
+time each, until killed. Each prompt starts with a fresh word, so no prefix-cache hit hides the
+prefill the canary's change slows down.
 
-    python demo/load.py ENDPOINTS_JSON HOST MODEL
+    python demo/load.py ENDPOINTS_JSON MODEL HOST [HOST ...]
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pathlib import Path
 import httpx
 
 
-def ports(endpoints: Path, host: str) -> list[int]:
+def ports(endpoints: Path, hosts: list[str]) -> list[int]:
     try:
-        pods = json.loads(endpoints.read_text()).get(host, {}).get("pods", [])
+        known = json.loads(endpoints.read_text())
     except (OSError, ValueError):  # the stand-in rewrites the file: read it again next round
         return []
-    return [int(p["port"]) for p in pods]
+    return [int(p["port"]) for h in hosts for p in known.get(h, {}).get("pods", [])]
 
 
 def one(port: int, model: str) -> None:
@@ -34,10 +34,10 @@ def one(port: int, model: str) -> None:
 
 
 def main() -> None:
-    endpoints, host, model = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    endpoints, model, hosts = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         while True:
-            found = ports(endpoints, host)
+            found = ports(endpoints, hosts)
             list(pool.map(lambda p: one(p, model), found * 3))
             if not found:
                 time.sleep(0.5)
