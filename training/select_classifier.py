@@ -83,7 +83,8 @@ class Data:
         self.rows = load_rows()
         pieces = [classify.piece_ids(r.prompt) for r in self.rows]  # exactly what the router sees
         self.ids = [p[0] for p in pieces]
-        self.log_len = np.log1p([p[1] for p in pieces])
+        self.n_pieces = [p[1] for p in pieces]
+        self.log_len = np.log1p(self.n_pieces)
         vocab = classify.load_tokenizer().get_vocab_size()
         rows_, cols = np.repeat(np.arange(len(self.ids)), [len(a) for a in self.ids]), np.concatenate(self.ids)
         vals = np.repeat([1.0 / max(len(a), 1) for a in self.ids], [len(a) for a in self.ids])
@@ -235,9 +236,17 @@ def main() -> int:
         return 0
     rng = np.random.default_rng(0)
     rand = rng.random(len(d.rows))
+    # The packaged head as shipped, each prompt scored by its fold head that never saw the prompt's
+    # subject (its own folds, fitted on the whole split: not bound by this protocol, shown for reference).
+    with np.load(classify.data_path(f"{classify.DEFAULT_MODEL}.npz")) as z:
+        fold_of = dict(zip(z["fold_groups"].tolist(), z["fold_index"].tolist(), strict=True))
+    head = classify.ComplexityClassifier.packaged().head
+    shipped = np.array([head.raw(ids, n)[1 + fold_of[g]] for ids, n, g in zip(d.ids, d.n_pieces, d.groups,
+                                                                             strict=True)])
     candidates: dict[str, Fit] = {
         "random": lambda d, tr, te: rand[te],
         "prompt length": length,
+        f"shipped {classify.DEFAULT_MODEL} (own folds)": lambda d, tr, te: shipped[te],
         "current (static PCA32 C.1 b.3)": current,
     }
     for c in (0.1, 1.0):
@@ -249,7 +258,8 @@ def main() -> int:
         candidates[f"static-l2-proj{dims} C1.0 b0.5"] = static_l2_proj(1.0, 0.5, dims)
     candidates["tokenlearn-l2-proj128 C1.0 b0.5"] = tokenlearn_l2(1.0, 0.5, 1.0, 128)
     if args.only:
-        keep = {"random", "prompt length", "current (static PCA32 C.1 b.3)", *args.only.split(",")}
+        keep = {"random", "prompt length", f"shipped {classify.DEFAULT_MODEL} (own folds)",
+                "current (static PCA32 C.1 b.3)", *args.only.split(",")}
         candidates = {k: v for k, v in candidates.items() if k in keep}
     results = {}
     for name, fit in candidates.items():
