@@ -429,8 +429,9 @@ def test_the_prometheus_rules_pass_promtool_and_watch_exported_metrics(helm_only
     if not promtool:
         pytest.skip("promtool not installed (Debian: apt-get install prometheus)")
     docs = rendered_chart(helm_only, "monitoring.prometheusRule.enabled=true", "monitoring.serviceMonitor.enabled=true",
-                          "monitoring.podMonitor.enabled=true")
-    kinds = {d["kind"]: d for d in docs}
+                          "monitoring.podMonitor.enabled=true", "monitoring.enginePodMonitor.enabled=true")
+    kinds = {d["kind"]: d for d in docs if d["metadata"]["name"] != "oculis-engines"}
+    engines = next(d for d in docs if d["metadata"]["name"] == "oculis-engines")
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(kinds["PrometheusRule"]["spec"]))
     check = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, check=False)
@@ -449,6 +450,14 @@ def test_the_prometheus_rules_pass_promtool_and_watch_exported_metrics(helm_only
     assert monitor["selector"]["matchLabels"]["app.kubernetes.io/component"] == "router"
     assert monitor["endpoints"][0]["port"] == "metrics"
     assert kinds["PodMonitor"]["spec"]["selector"]["matchLabels"]["oculis.dev/leader"] == "true"
+    # the engine pods, stable and canary, as the operator renders them (render.labels / canary_selector)
+    from oculis_operator import render
+
+    sel = engines["spec"]["selector"]
+    for pod_labels in (render.labels("x"), {**render.labels("x"), **render.canary_selector("x")}):
+        assert all(pod_labels.get(k) == v for k, v in sel["matchLabels"].items())
+        assert all(pod_labels.get(e["key"]) in e["values"] for e in sel["matchExpressions"])
+    assert engines["spec"]["podMetricsEndpoints"][0]["port"] == "http" and engines["spec"]["namespaceSelector"]["any"]
     # Off by default: no Prometheus Operator CRDs needed.
     assert not {"PrometheusRule", "ServiceMonitor", "PodMonitor"} & {d["kind"] for d in rendered_chart(helm_only)}
 
