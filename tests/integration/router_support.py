@@ -134,3 +134,17 @@ def start_router(config: Path, log: Path, *extra: str,
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError(log.read_text())
+
+
+def start_prometheus(tmp: Path, jobs: dict[str, list[str]]) -> tuple[subprocess.Popen[bytes], str]:
+    """A real Prometheus scraping each job's static targets every second, its data under `tmp`:
+    (the process, its base URL). The caller terminates it."""
+    port = free_port()
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}
+                           for job, targets in jobs.items()]}))
+    proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}"

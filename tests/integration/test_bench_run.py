@@ -20,7 +20,7 @@ import pytest
 import yaml
 from e2e_support import eventually
 from fake_upstreams import free_port
-from router_support import start_router
+from router_support import start_prometheus, start_router
 
 from oculis_cli.main import main
 
@@ -83,15 +83,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             procs.append(router)
             urls.append(url)
             targets.append(f"127.0.0.1:{mport}")
-        pport = free_port()
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s"},
-            "scrape_configs": [{"job_name": "oculis", "static_configs": [{"targets": targets}]}]}))
-        procs.append(subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
-                                       f"--storage.tsdb.path={tmp / 'tsdb'}",
-                                       f"--web.listen-address=127.0.0.1:{pport}"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        prom = f"http://127.0.0.1:{pport}"
+        proc, prom = start_prometheus(tmp, {"oculis": targets})
+        procs.append(proc)
 
         def scraping() -> bool:
             try:

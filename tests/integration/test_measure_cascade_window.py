@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from fake_upstreams import free_port
-from router_support import Fakes
+from router_support import Fakes, start_prometheus
 from test_router_processes import start_router
 
 from oculis_cli.main import main
@@ -34,14 +32,7 @@ def test_the_windows_answer_escalation_rate_is_the_routers_replaced_answers_over
         escalation={"enabled": True, "on_low_confidence": False, "on_answer": {"min_mean_logprob": -1.0}},
         cache={"enabled": False})))
     router, url, mport = start_router(cfg, tmp_path / "router.log")
-    pport = free_port()
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s"},
-        "scrape_configs": [{"job_name": "oculis", "static_configs": [{"targets": [f"127.0.0.1:{mport}"]}]}]}))
-    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{pport}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    purl = f"http://127.0.0.1:{pport}"
+    prom, purl = start_prometheus(tmp_path, {"oculis": [f"127.0.0.1:{mport}"]})
     try:
         replaced = kept = 0
         with httpx.Client(timeout=30, headers={"authorization": "Bearer sk-client"}) as client:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import pytest
 import yaml
 from e2e_support import eventually
 from fake_upstreams import free_port
-from router_support import Fakes
+from router_support import Fakes, start_prometheus
 from test_router_processes import start_router
 
 from oculis_cli.main import main
@@ -75,14 +74,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     cfg = tmp / "oculis-config.yaml"
     cfg.write_text(yaml.safe_dump(fakes.config()))
     router, url, mport = start_router(cfg, tmp / "router.log")
-    pport = free_port()
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s"},
-        "scrape_configs": [{"job_name": "oculis", "static_configs": [{"targets": [f"127.0.0.1:{mport}"]}]}]}))
-    prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{pport}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    purl = f"http://127.0.0.1:{pport}"
+    prom, purl = start_prometheus(tmp, {"oculis": [f"127.0.0.1:{mport}"]})
     try:
         tiers: Counter[str] = Counter()
         calls: Counter[str] = Counter()

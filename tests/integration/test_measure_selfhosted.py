@@ -15,6 +15,7 @@ import pytest
 import yaml
 from e2e_support import eventually
 from fake_upstreams import free_port
+from router_support import start_prometheus
 from test_router_processes import start_router
 
 from oculis_cli.main import main
@@ -44,16 +45,8 @@ def test_cache_advise_reads_a_self_hosted_engines_prefix_cache(tmp_path: Path,
             "routes": [{"name": "chat", "tiers": [{"name": "only", "upstream": "llama-sim"}]}]}}))
         router, url, mport = start_router(cfg, tmp_path / "router.log")
         procs.append(router)
-        pport = free_port()
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s"},
-            "scrape_configs": [{"job_name": "oculis", "static_configs": [{"targets": [f"127.0.0.1:{mport}"]}]},
-                               {"job_name": "engines", "static_configs": [{"targets": [f"127.0.0.1:{sport}"]}]}]}))
-        procs.append(subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-                                       f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                       f"--web.listen-address=127.0.0.1:{pport}"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        purl = f"http://127.0.0.1:{pport}"
+        prom, purl = start_prometheus(tmp_path, {"oculis": [f"127.0.0.1:{mport}"], "engines": [f"127.0.0.1:{sport}"]})
+        procs.append(prom)
         with httpx.Client(timeout=60) as client:
             for i in range(6):
                 r = client.post(url + "/v1/chat/completions", json={

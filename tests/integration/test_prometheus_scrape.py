@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -11,8 +10,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from fake_upstreams import free_port
-from router_support import Fakes
+from router_support import Fakes, start_prometheus
 from test_router_processes import start_router
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
@@ -22,13 +20,7 @@ def test_prometheus_scrapes_router_metrics(fakes: Fakes, tmp_path: Path) -> None
     cfg_path = tmp_path / "oculis-config.yaml"
     cfg_path.write_text(yaml.safe_dump(fakes.config()))
     router, url, mport = start_router(cfg_path, tmp_path / "router.log")
-    pport = free_port()
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s"},
-        "scrape_configs": [{"job_name": "oculis", "static_configs": [{"targets": [f"127.0.0.1:{mport}"]}]}]}))
-    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{pport}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prom, purl = start_prometheus(tmp_path, {"oculis": [f"127.0.0.1:{mport}"]})
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="sk-client", max_retries=0)
         for _ in range(3):
@@ -37,7 +29,7 @@ def test_prometheus_scrapes_router_metrics(fakes: Fakes, tmp_path: Path) -> None
         deadline, value = time.monotonic() + 30, None
         while time.monotonic() < deadline:
             try:
-                r = httpx.get(f"http://127.0.0.1:{pport}/api/v1/query", params={"query": query}).json()
+                r = httpx.get(f"{purl}/api/v1/query", params={"query": query}).json()
                 result = r["data"]["result"]
                 if result and float(result[0]["value"][1]) >= 3:
                     value = float(result[0]["value"][1])
@@ -46,7 +38,7 @@ def test_prometheus_scrapes_router_metrics(fakes: Fakes, tmp_path: Path) -> None
                 pass
             time.sleep(0.5)
         assert value == 3.0
-        cost = httpx.get(f"http://127.0.0.1:{pport}/api/v1/query",
+        cost = httpx.get(f"{purl}/api/v1/query",
                          params={"query": "oculis_cost_dollars_total"}).json()["data"]["result"]
         assert cost and cost[0]["metric"]["upstream"] == "llama-8b" and float(cost[0]["value"][1]) > 0
     finally:
