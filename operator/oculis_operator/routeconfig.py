@@ -171,6 +171,19 @@ def ready(obj: dict[str, Any]) -> bool:
     return condition(obj.get("status"), "Ready").get("status") == "True"
 
 
+def answered_at_zero(cold_start: str, tier_upstreams: list[str], states: Mapping[str, str]) -> str | None:
+    """How the route's requests are answered while some of its upstreams are scaled to zero, or None
+    when some are not (then the route is not Ready). Only coldStart escalate answers at once, and only
+    when every tier at zero has a later tier whose upstream serves (the router escalates upwards,
+    decide.cold_start); wait holds requests for a cold engine, which may outlast the wait."""
+    if cold_start != "escalate":
+        return None
+    for i, u in enumerate(tier_upstreams):
+        if states[u] == SCALED_TO_ZERO and not any(states[v] == READY for v in tier_upstreams[i + 1:]):
+            return None
+    return "coldStart escalate: their tiers' requests are answered by the next tier that serves until they wake"
+
+
 def upstream_state(obj: dict[str, Any] | None) -> str:
     """Can this upstream answer a tier's requests? Ready, or a self-hosted one with a ready replica
     (a rolling update or a refused change keeps the old replicas answering); otherwise scaled to zero,
@@ -389,8 +402,11 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
             verdicts[name] = verdict(False, "UpstreamProgressing", f"rendered, waiting for {', '.join(coming)}",
                                      degraded=False, progressing=f"waiting for {', '.join(coming)}")
         elif zero:
-            verdicts[name] = verdict(False, "ScaledToZero", f"rendered, but scaled to zero: {', '.join(zero)}",
-                                     degraded=False)
+            via = answered_at_zero(spec.cold_start, [t.upstream for t in spec.tiers], states)
+            verdicts[name] = verdict(
+                via is not None, "ScaledToZero",
+                f"rendered; scaled to zero: {', '.join(zero)}; " + (via or f"coldStart {spec.cold_start}: its "
+                "tier's requests get no answer until it wakes (a request wakes it)"), degraded=False)
         else:
             # An upstream rolling with replicas still answering leaves the route Ready and settled: the
             # upstream reports its own rollout.

@@ -74,6 +74,24 @@ def test_a_route_whose_upstream_is_scaled_to_zero_is_not_degraded() -> None:
     assert (v.ready, v.reason, v.degraded) == (False, "ScaledToZero", False)
 
 
+def test_a_route_that_answers_by_escalation_while_a_tier_is_at_zero_is_ready() -> None:
+    """coldStart escalate (the default) with a later tier that serves: every request is answered, so the
+    route is Ready (reason ScaledToZero says why its first tier does not answer); with nothing above the
+    tier at zero, or coldStart wait/fail, it is not."""
+    zero = gu("a", cond("Ready", "False", "ScaledToZero"), readyReplicas=0)
+    up = gu("b", READY)
+    v = verdict(zero, up)
+    assert (v.ready, v.reason, v.degraded) == (True, "ScaledToZero", False)
+    assert "next tier that serves" in v.message
+    top_at_zero = routeconfig.render_namespace([ir("b", "a")], [zero, up]).routes["r"]
+    assert (top_at_zero.ready, top_at_zero.reason) == (False, "ScaledToZero")
+    for mode in ("wait", "fail"):
+        route = ir("a", "b")
+        route["spec"]["coldStart"] = mode
+        held = routeconfig.render_namespace([route], [zero, up]).routes["r"]
+        assert (held.ready, held.reason) == (False, "ScaledToZero") and f"coldStart {mode}" in held.message
+
+
 def test_the_rendered_route_carries_only_set_fields() -> None:
     out = routeconfig.render_namespace([ir("a")], [gu("a", READY)])
     doc = yaml.safe_load(out.data[routeconfig.CONFIG_KEY])
