@@ -113,7 +113,7 @@ def test_each_request_leaves_a_decision_line_with_the_prompt_hashed_unless_opted
     assert ask(router).status_code == 200
     line = json.loads(sink.read_text().splitlines()[-1])
     want = {"route": "adaptive", "tier": "standard", "upstream": "llama-70b", "status": 200, "escalated": True,
-            "escalation_reason": "answer", "answer_logprob": -2.5}
+            "escalation_reason": "answer", "answer_logprob": -2.5, "revision": "stable"}
     assert {k: line[k] for k in want} == want
     assert 0 <= line["complexity"] <= 1 and 0 <= line["confidence"] <= 1 and line["prompt_tokens"] >= 1
     assert len(line["prompt_sha256"]) == 64 and "messages" not in line and "hi" not in sink.read_text()
