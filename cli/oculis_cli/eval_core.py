@@ -297,8 +297,10 @@ def oracle_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Seq
         requests.append(cascade.Request(r.tier_index, r.prompt_tokens, output_tokens, p_esc=tuple(p)))
     shown = [cascade.Tier(t.name, t.upstream, t.pricing, wrong_at[i] / arrived_at[i] if arrived_at[i] else 0.0)
              for i, t in enumerate(tiers)]
-    rep = cascade.report(shown, requests, "oracle verifier (offline): p_esc = each checked tier's observed error rate "
-                         "on the answers it gave (routed there or escalated to it)",
+    what_if = "" if route.escalation.on_answer is not None else (
+        "what-if (the route has no escalation.on_answer: the tiers the router would check with it); ")
+    rep = cascade.report(shown, requests, f"{what_if}oracle verifier (offline): p_esc = each checked tier's observed "
+                         "error rate on the answers it gave (routed there or escalated to it)",
                          f"prompt tokens of each suite prompt by the classifier's tokenizer; {output_tokens} output "
                          "tokens per answer assumed (--output-tokens)", why)
     n = len(results)
