@@ -372,7 +372,8 @@ class Caller:
             raise UpstreamFailed(why)
         prov = provider_of(up)
         first_rev, tried = revision(up, self.draw()), list[Revision]()
-        calls = {rev: prov.build_request(at_revision(up, rev), endpoint, body) for rev in (first_rev, "stable")}
+        calls = {rev: prov.build_request(at_revision(up, rev), endpoint, body)
+                 for rev in dict.fromkeys((first_rev, "stable"))}  # each revision's request built once
         lim = limits(up, at.timeouts)
 
         async def once() -> dict[str, Any]:
@@ -436,7 +437,8 @@ class Caller:
             raise UpstreamFailed(why)
         prov = provider_of(up)
         first_rev, tried = revision(up, self.draw()), list[Revision]()
-        calls = {rev: prov.build_request(at_revision(up, rev), endpoint, body) for rev in (first_rev, "stable")}
+        calls = {rev: prov.build_request(at_revision(up, rev), endpoint, body)
+                 for rev in dict.fromkeys((first_rev, "stable"))}  # each revision's request built once
         lim = limits(up, at.timeouts)
 
         async def once() -> tuple[Stream, Any]:
