@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 
 E2E = Path(__file__).resolve().parents[1]
@@ -50,3 +53,22 @@ def serve_pods(namespace: str) -> Iterator[dict[str, Any]]:
         yield files
     finally:
         subprocess.run([str(CLUSTER), "serve-pods", "--stop"], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def oculis_serve(config: Path, endpoints: Path | str, log: Path, port: int, metrics_port: int = 0) -> Iterator[str]:
+    """`oculis serve` on `config` (a router config the operator rendered), reaching the stand-in's pods
+    through its endpoint map; yields the router's URL once /readyz answers 200, and stops it after."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("oculis")), "serve", "--config", str(config),
+                                 "--endpoints", str(endpoints), "--port", str(port), "--metrics-port",
+                                 str(metrics_port), "--log-level", "warning"],
+                                stdout=out, stderr=out, start_new_session=True)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            eventually(lambda: httpx.get(f"{url}/readyz").status_code == 200, what="router ready")
+            yield url
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+

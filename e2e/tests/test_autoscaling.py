@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import CLUSTER, eventually, localcluster
+from e2e_support import CLUSTER, eventually, localcluster, oculis_serve
 from kubernetes import client
 from operator_fixture import free_port
 from test_gpuupstream import World, upstream
@@ -160,13 +159,7 @@ def test_idle_goes_to_zero_and_a_request_wakes_it_while_the_next_tier_answers(wo
     port, mport = free_port(), free_port()
     (localcluster.SIM / "extra-router.json").write_text(json.dumps(
         [{"targets": [f"127.0.0.1:{mport}"], "labels": {"namespace": ns, "job": "router"}}]))
-    log = open(tmp_path / "router.log", "wb")  # noqa: SIM115 (the child owns it)
-    router = subprocess.Popen([str(Path(sys.executable).with_name("oculis")), "serve", "--config", str(cfg),
-                               "--endpoints", str(endpoints), "--port", str(port), "--metrics-port", str(mport),
-                               "--log-level", "warning"], stdout=log, stderr=log, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        eventually(lambda: httpx.get(f"{url}/readyz").status_code == 200, what="router ready")
+    with oculis_serve(cfg, endpoints, tmp_path / "router.log", port, mport) as url:
         prom = served["prometheus"]
         eventually(lambda: httpx.get(f"{prom}/api/v1/query", params={
             "query": f'oculis_upstream_demand_total{{namespace="{ns}",upstream="cold"}}'}).json()["data"]["result"],
@@ -179,10 +172,6 @@ def test_idle_goes_to_zero_and_a_request_wakes_it_while_the_next_tier_answers(wo
         eventually(lambda: replicas(world, "cold") == 1, timeout=60, what="the request's demand woke cold")
         print(f"woken {time.monotonic() - t0:.1f} s after the request (scrape 1 s, recheck 1 s)")
         assert autoscaling(world, "cold")["reason"] in ("WakeUp", "MetricsMissing", "Steady", "WaitingForReady")
-    finally:
-        os.killpg(router.pid, signal.SIGTERM)
-        router.wait(30)
-        log.close()
 
 
 def test_a_minimum_the_pool_cannot_place_names_the_pool_and_the_shortfall(world: World,

@@ -19,9 +19,7 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -30,7 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import eventually
+from e2e_support import eventually, oculis_serve
 from kubernetes import client
 from operator_fixture import free_port
 from test_gpuupstream import World, upstream
@@ -191,18 +189,11 @@ class SyncedRouter:
         self.text = eventually(self.current, what="the router ConfigMap")
         self.config.write_text(self.text)
         self.thread.start()
-        with open(self.log, "wb") as log:
-            proc = subprocess.Popen([str(Path(sys.executable).with_name("oculis")), "serve", "--config",
-                                     str(self.config), "--endpoints", str(self.endpoints), "--port", str(self.port),
-                                     "--metrics-port", "0", "--log-level", "warning"],
-                                    stdout=log, stderr=log, start_new_session=True)
-            try:
-                eventually(lambda: httpx.get(f"{self.url}/readyz").status_code == 200, what="router ready")
+        try:
+            with oculis_serve(self.config, self.endpoints, self.log, self.port):
                 yield self
-            finally:
-                self.stop.set()
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(30)
+        finally:
+            self.stop.set()
 
     def serving(self, text: str) -> bool:
         """Whether the router has loaded `text` (its /readyz names the loaded file's sha256)."""

@@ -6,18 +6,14 @@ condition. Windows of seconds; only 127.0.0.1 is dialled."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from e2e_support import eventually, localcluster
+from e2e_support import eventually, localcluster, oculis_serve
 from kubernetes import client
 from operator_fixture import free_port
 from test_autoscaling import ENGINE, served, sim_ports  # noqa: F401 (served: the fixture)
@@ -69,10 +65,6 @@ def test_a_shift_of_the_traffic_mix_raises_classifier_drift(world: World, served
     port, mport = free_port(), free_port()
     (localcluster.SIM / "extra-router.json").write_text(json.dumps(
         [{"targets": [f"127.0.0.1:{mport}"], "labels": {"namespace": ns, "job": "router"}}]))
-    log = open(tmp_path / "router.log", "wb")  # noqa: SIM115 (the child owns it)
-    router = subprocess.Popen([str(Path(sys.executable).with_name("oculis")), "serve", "--config", str(cfg),
-                               "--endpoints", served["endpoints"], "--port", str(port), "--metrics-port", str(mport),
-                               "--log-level", "warning"], stdout=log, stderr=log, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
 
     def ask(long: bool, i: int) -> None:
@@ -83,8 +75,7 @@ def test_a_shift_of_the_traffic_mix_raises_classifier_drift(world: World, served
         assert r.status_code == 200, r.text
         assert r.headers["x-oculis-tier"] == ("long" if long else "short")
 
-    try:
-        eventually(lambda: httpx.get(f"{url}/readyz").status_code == 200, what="router ready")
+    with oculis_serve(cfg, served["endpoints"], tmp_path / "router.log", port, mport):
         ask(False, -1)
         ask(True, -1)  # both tiers' series exist before the counted traffic (increase() skips a series' birth)
         time.sleep(4)
@@ -105,7 +96,3 @@ def test_a_shift_of_the_traffic_mix_raises_classifier_drift(world: World, served
         assert traffic["window"] == "15s" and traffic["baseline"]["window"] == "10m"
         assert traffic["tierShares"]["long"] > 2 * traffic["baseline"]["tierShares"]["long"]
         print(f"ClassifierDrift: {cond['message']}")
-    finally:
-        os.killpg(router.pid, signal.SIGTERM)
-        router.wait(30)
-        log.close()

@@ -8,17 +8,14 @@ sends that host to the simulators' loopback ports."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from e2e_support import eventually
+from e2e_support import eventually, oculis_serve
 from kubernetes import client
 from operator_fixture import free_port
 from test_gpuupstream import World, upstream
@@ -74,14 +71,7 @@ def test_engine_pods_serve_simulated_tokens_and_a_rollout_changes_what_prometheu
     text = eventually(rendered, what="the route's router config names the Service host")
     (tmp_path / "oculis-config.yaml").write_text(text)
     port = free_port()
-    log = open(tmp_path / "router.log", "wb")  # noqa: SIM115 (the child owns it)
-    router = subprocess.Popen([str(Path(sys.executable).with_name("oculis")), "serve", "--config",
-                               str(tmp_path / "oculis-config.yaml"), "--endpoints", str(endpoints), "--port",
-                               str(port), "--metrics-port", "0", "--log-level", "warning"],
-                              stdout=log, stderr=log, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        eventually(lambda: httpx.get(f"{url}/readyz").status_code == 200, what="router ready")
+    with oculis_serve(tmp_path / "oculis-config.yaml", endpoints, tmp_path / "router.log", port) as url:
 
         def ask() -> dict[str, Any]:
             r = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
@@ -145,10 +135,6 @@ def test_engine_pods_serve_simulated_tokens_and_a_rollout_changes_what_prometheu
         r = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
             "model": "chat", "messages": [{"role": "user", "content": "anyone?"}]})
         assert r.status_code in (502, 503), r.text  # refused here, never sent to DNS or a pod IP
-    finally:
-        os.killpg(router.pid, signal.SIGTERM)
-        router.wait(30)
-        log.close()
 
 
 def entry_ports(endpoints: Path, host: str) -> list[int]:
