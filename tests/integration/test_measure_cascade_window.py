@@ -11,11 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from e2e_support import eventually
 from router_support import Fakes, start_prometheus
 from test_router_processes import start_router
 
 from oculis_cli.main import main
-from oculis_cli.prom import PromError, Prometheus
+from oculis_cli.prom import Prometheus
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
 
@@ -49,13 +50,8 @@ def test_the_windows_answer_escalation_rate_is_the_routers_replaced_answers_over
                         kept += 1
         assert (replaced, kept) == (len(EASY), len(EASY))
         with Prometheus(purl) as p:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # Prometheus up, and a scrape after the last request
-                try:
-                    if p.wait_scraped(time.time(), timeout=10):
-                        break
-                except PromError:
-                    time.sleep(0.3)
+            # Prometheus up (a PromError until then), and a scrape of every target after the last request
+            eventually(lambda: p.wait_scraped(time.time(), timeout=10), timeout=30, what="a scrape after")
         argv = ["route", "analyze", "--route", "adaptive", "--since", "15m", "--config", str(cfg),
                 "--prometheus-url", purl]
         assert main([*argv, "-o", "json"]) == 0

@@ -24,7 +24,7 @@ from router_support import Fakes, start_prometheus
 from test_router_processes import start_router
 
 from oculis_cli.main import main
-from oculis_cli.prom import PromError, Prometheus
+from oculis_cli.prom import Prometheus
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
 
@@ -97,13 +97,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 assert r.status_code == 200, r.text
         assert hits == 2 and len(tiers) >= 2, (tiers, hits)  # the burst reaches more than one tier
         with Prometheus(purl) as p:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # Prometheus up, and a scrape after the last request
-                try:
-                    if p.wait_scraped(time.time(), timeout=10):
-                        break
-                except PromError:  # not answering yet
-                    time.sleep(0.3)
+            # Prometheus up (a PromError until then), and a scrape of every target after the last request
+            eventually(lambda: p.wait_scraped(time.time(), timeout=10), timeout=30, what="a scrape after")
             cost = p.scalar("sum(oculis_cost_dollars_total)")
             route_cost = p.scalar('sum(oculis_cost_dollars_total{upstream!="claude"})')
             assert cost is not None and route_cost is not None and cost > route_cost > 0
