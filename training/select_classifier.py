@@ -39,10 +39,8 @@ with the teacher's logit on the 20% of the corpus no fit saw must be above the c
 It picked distilled d0.1 b0.5: grouped CV MMLU +0.024 [+0.013, +0.036], GSM8K +0.006 [-0.044, +0.063];
 agreement with the teacher 0.764 against the current head's 0.330 on the corpus probe (0.645 against
 0.344 on unseen subjects). On the holdout it lost: MMLU -0.003 [-0.015, +0.007], GSM8K -0.089
-[-0.238, +0.019], so it was not shipped either. (Its head fitted on the whole split, scored by its own
-subject folds as `bench/classifier_quality.py` scores the packaged one, gave MMLU 0.622 against 0.612
-and GSM8K 0.565 against 0.637, below prompt length's 0.632: the teacher carries no GSM8K signal, and
-the student's weight of 0.5 against length dilutes length there.)
+[-0.238, +0.019], so it was not shipped either. On GSM8K the teacher itself adds little to length
+(the contextual rows above), and a student blended 0.5 with length dilutes length there.
 """
 
 from __future__ import annotations
