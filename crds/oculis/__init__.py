@@ -1,6 +1,7 @@
 """Oculis' one schema: the CRD models, the router configuration and the Python API."""
 
 from oculis.router import (
+    AnswerCheck,
     CacheWhen,
     Classifier,
     ConfigError,
@@ -15,6 +16,7 @@ from oculis.router import (
     TierMatch,
     Timeouts,
     Upstream,
+    Verifier,
     load_config,
     parse_config,
 )
@@ -22,6 +24,7 @@ from oculis.router import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AnswerCheck",
     "CacheWhen",
     "Classifier",
     "ConfigError",
@@ -36,6 +39,7 @@ __all__ = [
     "TierMatch",
     "Timeouts",
     "Upstream",
+    "Verifier",
     "load_config",
     "parse_config",
 ]

@@ -137,6 +137,10 @@ def inferenceroute_crd() -> dict[str, Any]:
          "message": "tier names must be unique", "fieldPath": ".tiers"},
         *inferenceroute.TIER_RULES,
     ]
+    on_answer = spec["properties"]["escalation"]["properties"]["onAnswer"]
+    on_answer["x-kubernetes-validations"] = [{
+        "rule": "has(self.minMeanLogprob) || has(self.verifier)",
+        "message": "onAnswer checks nothing: set minMeanLogprob (e.g. -1.0), verifier {upstream, minScore}, or both"}]
     ready = '.status.conditions[?(@.type=="Ready")].status'
     cols = [("STRATEGY", "string", ".status.strategy", 0), ("TIERS", "string", ".status.tiers", 0),
             ("UPSTREAMS-READY", "string", ".status.upstreamsReady", 0), ("READY", "string", ready, 0),

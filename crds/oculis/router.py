@@ -163,16 +163,50 @@ class Classifier(Model):
     max_entries: int = Field(100_000, ge=0, description="Bound on memoised scores")
 
 
-class AnswerCheck(Model):
-    """Escalation on the answer: a self-hosted tier (vllm, openai-compatible) is asked for token
-    log-probabilities, and an answer less sure than the bar is replaced by the next tier's."""
+# The grading instruction a verifier gets unless the route gives its own rubric. It asks for a number
+# on one line, which `answer_check.score_of` reads (the first "score" followed by 1-10, else the first
+# number 1-10 on its own).
+DEFAULT_RUBRIC = ("You grade an AI assistant's answer to the user's last message. Judge whether it is correct, "
+                  "complete and follows the request. Reply with one line and nothing else: 'Score: N', where N is "
+                  "an integer from 1 (wrong or useless) to 10 (correct and complete).")
 
-    min_mean_logprob: float = Field(le=0)
+
+class Verifier(Model):
+    """A model that grades each checked answer against a rubric; an answer scored below `min_score` is
+    replaced by the next tier's. It is called once per checked answer (non-streamed, temperature 0),
+    and its tokens are counted and billed like any call."""
+
+    upstream: str = Field(pattern=NAME_PATTERN, max_length=63)
+    """The upstream that grades: one of the config's upstreams (in an InferenceRoute, a GPUUpstream of
+    its namespace); it may also be one of the route's tiers"""
+    min_score: int = Field(ge=1, le=10)
+    """Score (1-10) an answer must reach, e.g. 7; below it the next tier answers"""
+    rubric: str = Field(DEFAULT_RUBRIC, min_length=1, max_length=8192)
+    """The grading instruction (the verifier's system message); it must ask for 'Score: N' with N in 1-10"""
+    max_tokens: int = Field(8, ge=1, le=1024)
+    """The verifier's answer length limit (a score needs a few tokens)"""
+
+
+class AnswerCheck(Model):
+    """Escalation on the answer: by the answer's token log-probabilities (self-hosted tiers: vllm,
+    openai-compatible, which return them at no extra call), by a verifier model's grade (any tier), or
+    both; an answer that fails either is replaced by the next tier's."""
+
+    min_mean_logprob: float | None = Field(None, le=0)
     """Mean token log-probability an answer must reach, e.g. -1.0 (about 37% per token); below it the next
-    tier answers (the first answer's tokens are still counted and billed)"""
+    tier answers (the first answer's tokens are still counted and billed); unset: not checked by logprobs"""
+    verifier: Verifier | None = None
+    """A model that grades the answer; unset: no verifier call"""
     buffer_streams: bool = False
     """Check streamed requests too: the stream is buffered, checked, then sent (the client sees no token
     until the answer is final); false: streams are relayed as they come, unchecked"""
+
+    @model_validator(mode="after")
+    def _checks_something(self) -> AnswerCheck:
+        if self.min_mean_logprob is None and self.verifier is None:
+            raise ValueError("on_answer checks nothing: set min_mean_logprob (e.g. -1.0), verifier "
+                             "{upstream, min_score}, or both")
+        return self
 
 
 class Escalation(Model):
@@ -187,7 +221,7 @@ class Escalation(Model):
     on_upstream_error: bool = True
     """Try the next tier after an upstream failed its retries"""
     on_answer: AnswerCheck | None = None
-    """Escalate on the answer's own confidence (token log-probabilities); unset: not checked"""
+    """Escalate on the answer: its token log-probabilities and/or a verifier's grade; unset: not checked"""
     max_retries: int = Field(2, ge=0, le=10)
     """Retries on one upstream (connection errors, timeouts, 429, 5xx) before escalating; 0: one attempt.
     A 429/503 whose Retry-After is over 2 s, a refused router credential (401/403), a context-length
@@ -437,6 +471,11 @@ class RouterConfig(Model):
                         f"routes[{i}].tiers[{j}].upstream: {tier.upstream!r} is not a declared upstream "
                         f"(declared: {', '.join(known)})"
                     )
+            check = route.escalation.on_answer
+            if check is not None and check.verifier is not None and check.verifier.upstream not in known:
+                raise ValueError(
+                    f"routes[{i}].escalation.on_answer.verifier.upstream: {check.verifier.upstream!r} is not a "
+                    f"declared upstream (declared: {', '.join(known)})")
         return self
 
     def upstream(self, name: str) -> Upstream:

@@ -1,31 +1,121 @@
 """Escalation on the answer (`escalation.on_answer`): pure functions over request and response bodies.
 
-The prompt classifier guesses before anything is generated; the answer's own token log-probabilities
-say afterwards how sure the cheap model was. A self-hosted tier (vLLM and OpenAI-compatible engines
-return logprobs at no extra cost) is asked for them; an answer whose mean token log-probability is
-below the route's bar is replaced by the next tier's answer. Hosted providers are not asked (some
-refuse the field, and their tier is usually the last anyway).
+The prompt classifier guesses before anything is generated; afterwards the answer itself can be
+judged, two ways, either or both:
+- its own token log-probabilities say how sure the cheap model was. A self-hosted tier (vLLM and
+  OpenAI-compatible engines return logprobs at no extra call) is asked for them; an answer whose mean
+  is below the route's bar is replaced by the next tier's. Hosted providers are not asked (some refuse
+  the field);
+- a verifier model grades the answer against a rubric (one extra, billed call; any tier, hosted ones
+  included); an answer scored below `min_score` is replaced by the next tier's.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
-from oculis.router import AnswerCheck, Route, Upstream
+from oculis.router import AnswerCheck, Route, Upstream, Verifier
 
 SELF_HOSTED = ("vllm", "openai-compatible")
 STREAM_FIELDS = ("stream", "stream_options")
 
 
 def check_for(route: Route | None, up: Upstream, i: int, n_tiers: int) -> AnswerCheck | None:
-    """The check tier i's answer must pass, or None: no route rule, escalation off, the last tier
-    (nothing to escalate to) or an upstream that is not asked for logprobs."""
-    if route is None or not route.escalation.enabled or route.escalation.on_answer is None:
+    """The logprob check tier i's answer must pass, or None: no route rule or no min_mean_logprob,
+    escalation off, the last tier (nothing to escalate to) or an upstream that is not asked for logprobs."""
+    check = on_answer(route, i, n_tiers)
+    if check is None or check.min_mean_logprob is None or up.provider not in SELF_HOSTED:
         return None
-    if i + 1 >= n_tiers or up.provider not in SELF_HOSTED:
+    return check
+
+
+def verifier_for(route: Route | None, i: int, n_tiers: int) -> Verifier | None:
+    """The verifier that grades tier i's answer, or None (no verifier, escalation off, the last tier)."""
+    check = on_answer(route, i, n_tiers)
+    return check.verifier if check is not None else None
+
+
+def replaceable(route: Route | None, up: Upstream, i: int, n_tiers: int) -> bool:
+    """Tier i's answer may be replaced by the next tier's (by either check)."""
+    return check_for(route, up, i, n_tiers) is not None or verifier_for(route, i, n_tiers) is not None
+
+
+def on_answer(route: Route | None, i: int, n_tiers: int) -> AnswerCheck | None:
+    if route is None or not route.escalation.enabled or route.escalation.on_answer is None or i + 1 >= n_tiers:
         return None
     return route.escalation.on_answer
+
+
+# The verifier's request: the rubric, then the conversation and the answer. A long conversation keeps
+# its end (the question being answered); the cap bounds what one grading costs.
+MAX_GRADED_CHARS = 24_000
+GRADE_TEMPLATE = "Conversation:\n{conversation}\n\nAnswer to grade:\n{answer}"
+# Extra prompt tokens a grading adds to the conversation and answer (rubric, template): for the
+# limiter's dollar reservation, an upper estimate (about 3 characters a token, plus the chat template).
+def grading_overhead_tokens(v: Verifier) -> int:
+    return len(v.rubric) // 3 + len(GRADE_TEMPLATE) // 3 + 32
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # parts: text kept, media named
+        out = []
+        for part in content:
+            if isinstance(part, dict):
+                kind = part.get("type")
+                out.append(str(part.get("text", "")) if kind == "text" else f"[{kind}]")
+        return "\n".join(out)
+    return ""
+
+
+def conversation_text(body: dict[str, Any], endpoint: str) -> str:
+    """The request as the verifier reads it: `role: text` per message, or the prompt."""
+    if endpoint == "chat":
+        lines = [f"{m.get('role', 'user')}: {_text_of(m.get('content'))}"
+                 for m in body.get("messages") or [] if isinstance(m, dict)]
+        text = "\n".join(lines)
+    else:
+        prompt = body.get("prompt")
+        text = prompt if isinstance(prompt, str) else (prompt[0] if isinstance(prompt, list) and prompt
+                                                       and isinstance(prompt[0], str) else "")
+    return text[-MAX_GRADED_CHARS:]
+
+
+def answer_text(data: dict[str, Any], endpoint: str) -> str | None:
+    """The first choice's text; None when it has none to grade (a tool call without content)."""
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    c = choices[0]
+    text = _text_of((c.get("message") or {}).get("content")) if endpoint == "chat" else c.get("text")
+    return text[-MAX_GRADED_CHARS:] if isinstance(text, str) and text.strip() else None
+
+
+def grading_request(v: Verifier, body: dict[str, Any], data: dict[str, Any], endpoint: str) -> dict[str, Any] | None:
+    """The chat request that asks the verifier for a score, or None when the answer has no text."""
+    answer = answer_text(data, endpoint)
+    if answer is None:
+        return None
+    user = GRADE_TEMPLATE.format(conversation=conversation_text(body, endpoint), answer=answer)
+    return {"messages": [{"role": "system", "content": v.rubric}, {"role": "user", "content": user}],
+            "max_tokens": v.max_tokens, "temperature": 0}
+
+
+_SCORE = re.compile(r"score\W{0,3}(10|[1-9])(?![0-9.])", re.I)
+_NUMBER = re.compile(r"(?<![0-9.])(10|[1-9])(?![0-9.])")
+
+
+def score_of(grading: dict[str, Any]) -> int | None:
+    """The verifier's score, 1-10: the first "score" followed by one, else the first number 1-10 on its
+    own; None when it gave neither (the answer is then kept: an unreadable grade is no evidence)."""
+    text = answer_text(grading, "chat")
+    if text is None:
+        return None
+    m = _SCORE.search(text) or _NUMBER.search(text)
+    return int(m.group(1)) if m else None
 
 
 def client_wants_logprobs(body: dict[str, Any]) -> bool:

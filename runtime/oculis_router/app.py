@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HTTPRoute
 
-from oculis import RouterConfig, Timeouts, Upstream
+from oculis import RouterConfig, Timeouts, Upstream, Verifier
 from oculis_router import answer_check as answers
 from oculis_router import cache as rcache
 from oculis_router import decide
@@ -30,7 +30,7 @@ from oculis_router.decisionlog import DecisionSink
 from oculis_router.decisionlog import entry as decision_entry
 from oculis_router.errors import APIError, bad_request
 from oculis_router.inbound import HeaderLimit, check_body, check_client_key, disconnected, read_body, tenant_of
-from oculis_router.limits import identity_of
+from oculis_router.limits import Grading, identity_of
 from oculis_router.limits_store import Hold
 from oculis_router.metrics import Metrics
 from oculis_router.providers import refusal, relayed_headers
@@ -70,6 +70,7 @@ class Plan:
     prompt_tokens: int | None = None  # the classifier's count (None: not classified), for rate limits
     confidence: float | None = None  # the classifier's (None: not classified), for the decision log
     cold_start: str = ""  # what the route's cold_start did (x-oculis-cold-start): escalated or waited
+    verifier: Upstream | None = None  # the route's escalation.on_answer.verifier upstream, if any
 
 
 class ColdStartError(APIError):
@@ -118,8 +119,10 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
     tiers = [rr.route.tiers[i] for i in decision.order]
     if decision.escalated:
         metrics.escalations.labels(name, "low_confidence").inc()
+    check = rr.route.escalation.on_answer
+    verifier = rt.upstreams.get(check.verifier.upstream) if check is not None and check.verifier else None
     return Plan(rr, [rt.upstreams[t.upstream] for t in tiers], [t.name for t in tiers], c.complexity,
-                decision.escalated, [t.timeouts for t in tiers], c.prompt_tokens, c.confidence)
+                decision.escalated, [t.timeouts for t in tiers], c.prompt_tokens, c.confidence, verifier=verifier)
 
 
 def failure_kind(exc: UpstreamFailed) -> str:
@@ -237,9 +240,7 @@ class Router:
             hold = None if rt.limiter is None else await rt.limiter.admit(
                 rt.config.server, plan.route.route if plan.route else None, route_label,
                 identity_of(request.headers, tenant), body, plan.prompt_tokens,
-                [u.pricing for u in plan.tiers],
-                [answers.check_for(plan.route.route if plan.route else None, u, i, len(plan.tiers)) is not None
-                 for i, u in enumerate(plan.tiers)])
+                [u.pricing for u in plan.tiers], *self.chains(plan))
             key = None
             if plan.route and plan.route.store and rcache.cacheable(plan.route.route.cache, body):
                 key = rcache.cache_key(plan.route.route.cache, body, tenant, plan.tiers[0], endpoint)
@@ -278,6 +279,43 @@ class Router:
                           route_label)
             self.metrics.requests.labels(route_label, "-", "-", "error_500").inc()
             return INTERNAL.response()
+
+    @staticmethod
+    def chains(plan: Plan) -> tuple[list[bool], list[Grading | None]]:
+        """Per tier: may its answer be replaced by the next one's, and what grading it costs (for the
+        limiter's dollar reservation)."""
+        route, n = (plan.route.route if plan.route else None), len(plan.tiers)
+        graded: list[Grading | None] = []
+        for i in range(n):
+            v = answers.verifier_for(route, i, n)
+            graded.append(None if v is None or plan.verifier is None
+                          else (plan.verifier.pricing, answers.grading_overhead_tokens(v), v.max_tokens))
+        return [answers.replaceable(route, u, i, n) for i, u in enumerate(plan.tiers)], graded
+
+    async def _grade(self, v: Verifier, plan: Plan, body: dict[str, Any], data: dict[str, Any], endpoint: str,
+                     route_label: str, hold: Hold | None) -> int | None:
+        """The verifier's score of tier's answer `data` (1-10), or None: no text to grade, the verifier
+        failed or gave no score. The answer is then kept: a missing grade is no evidence against it."""
+        req = answers.grading_request(v, body, data, endpoint)
+        if req is None or plan.verifier is None:
+            self.metrics.answer_grades.labels(route_label, v.upstream, "ungraded").inc()
+            return None
+        up = plan.verifier
+        try:
+            graded = await self.caller.complete(up, "chat", {"model": up.name, **req}, Attempt(can_escalate=False))
+        except (UpstreamFailed, UpstreamRejected) as exc:
+            kind = failure_kind(exc) if isinstance(exc, UpstreamFailed) else f"rejected_{exc.status}"
+            self.metrics.upstream_failures.labels(up.name, kind).inc()
+            self.metrics.answer_grades.labels(route_label, v.upstream, "error").inc()
+            log.warning("verifier %s could not grade an answer on route %s (kept): %s", up.name, route_label, exc)
+            return None
+        account(self.metrics, up, graded.get("usage"), hold)  # the grading is billed like any call
+        score = answers.score_of(graded)
+        outcome = "unscored" if score is None else ("pass" if score >= v.min_score else "fail")
+        self.metrics.answer_grades.labels(route_label, v.upstream, outcome).inc()
+        if score is None:
+            log.warning("verifier %s gave no score 1-10 on route %s (answer kept)", up.name, route_label)
+        return score
 
     def _can_escalate(self, plan: Plan, i: int) -> bool:
         esc = plan.route.route.escalation if plan.route else None
@@ -352,10 +390,12 @@ class Router:
     async def _complete(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
                         route_label: str, hold: Hold | None = None) -> Response:
         route = plan.route.route if plan.route else None
-        doubted: tuple[JSONResponse, float, int] | None = None  # (answer, its logprob, tier) below on_answer's bar
+        # An answer a check doubted, what the headers say of it, and its tier: sent only if no later tier answers.
+        doubted: tuple[JSONResponse, dict[str, str], int] | None = None
         for i, up in enumerate(plan.tiers):
             t0 = time.perf_counter()
             check = answers.check_for(route, up, i, len(plan.tiers))
+            verifier = answers.verifier_for(route, i, len(plan.tiers))
             try:
                 seen: dict[str, str] = {}  # the upstream's request id and rate-limit headers, for the client
                 sent = answers.with_logprobs(body, endpoint) if check else body
@@ -378,13 +418,21 @@ class Router:
             if check and not answers.client_wants_logprobs(body):
                 data = answers.without_logprobs(data)
             hdrs = {**seen, **self.headers(plan, i, _cache_state(key))}
-            if doubted is not None:
-                hdrs.update({"x-oculis-escalation-reason": "answer", "x-oculis-answer-logprob": f"{doubted[1]:.4f}"})
-            elif conf is not None:
-                hdrs["x-oculis-answer-logprob"] = f"{conf:.4f}"
-            if check and conf is not None and conf < check.min_mean_logprob:
-                self.metrics.escalations.labels(route_label, "low_answer_confidence").inc()
-                doubted = (JSONResponse(data, headers=hdrs), conf, i)
+            own: dict[str, str] = {}  # what the checks said of this answer
+            if conf is not None:
+                own["x-oculis-answer-logprob"] = f"{conf:.4f}"
+            low = check is not None and check.min_mean_logprob is not None and conf is not None \
+                and conf < check.min_mean_logprob
+            score = None
+            if verifier is not None and not low:  # an answer the logprobs already doubted needs no grading
+                score = await self._grade(verifier, plan, body, data, endpoint, route_label, hold)
+                if score is not None:
+                    own["x-oculis-answer-score"] = str(score)
+            hdrs.update({"x-oculis-escalation-reason": "answer", **doubted[1]} if doubted is not None else own)
+            if low or (verifier is not None and score is not None and score < verifier.min_score):
+                reason = "low_answer_confidence" if low else "low_answer_score"
+                self.metrics.escalations.labels(route_label, reason).inc()
+                doubted = (JSONResponse(data, headers=hdrs), own, i)
                 continue
             self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "ok").inc()
             if key is not None and plan.route and plan.route.store and i == 0 and rcache.storable(endpoint, data):
@@ -394,7 +442,7 @@ class Router:
             return self._doubted(doubted, plan, route_label)
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
 
-    def _doubted(self, doubted: tuple[JSONResponse, float, int], plan: Plan, route_label: str) -> JSONResponse:
+    def _doubted(self, doubted: tuple[JSONResponse, dict[str, str], int], plan: Plan, route_label: str) -> JSONResponse:
         i = doubted[2]
         self.metrics.requests.labels(route_label, plan.tier_names[i], plan.tiers[i].name, "ok").inc()
         return doubted[0]

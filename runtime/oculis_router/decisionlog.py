@@ -50,6 +50,8 @@ def entry(cfg: DecisionLog, route: str, body: Mapping[str, Any], complexity: flo
                 "escalated": headers.get("x-oculis-escalated") == "true"})
     if "x-oculis-answer-logprob" in headers:
         out["answer_logprob"] = float(headers["x-oculis-answer-logprob"])
+    if "x-oculis-answer-score" in headers:  # a verifier's grade (escalation.on_answer.verifier)
+        out["answer_score"] = int(headers["x-oculis-answer-score"])
     out["prompt_sha256"] = prompt_digest(body)
     if cfg.include_prompts:
         out.update(prompt_of(body))

@@ -206,14 +206,23 @@ def max_completion_of(body: Mapping[str, Any], default: int) -> int:
     return default
 
 
+# A verifier's grading of one answer: its price, the prompt tokens it adds to the conversation and
+# the answer (rubric, template), and its answer limit.
+Grading = tuple[Pricing, int, int]
+
+
 def worst_cost(prices: Sequence[Pricing], prompt: int, completion: int,
-               replaceable: Sequence[bool] = ()) -> float:
+               replaceable: Sequence[bool] = (), graded: Sequence[Grading | None] = ()) -> float:
     """The most `prompt` + `completion` tokens can cost on these tiers (in attempt order): every prompt
     token uncached, or written to the provider's cache when that is dearer. `replaceable[i]`: tier i's
     answer may be replaced by tier i+1's (escalation.on_answer), so both are billed; the worst case is
-    then the dearest run of attempts chained that way, not one tier."""
+    then the dearest run of attempts chained that way, not one tier. `graded[i]`: a verifier grades
+    tier i's answer (the conversation, the answer and the rubric in, its score out), billed as well."""
     plain, written = Usage(prompt, completion, 0, 0), Usage(prompt, completion, 0, prompt)
     each = [max(cost_dollars(p, plain), cost_dollars(p, written)) for p in prices]
+    for i, g in enumerate(graded[:len(each)]):
+        if g is not None:
+            each[i] += cost_dollars(g[0], Usage(prompt + completion + g[1], g[2], 0, 0))
     worst = 0.0
     for start in range(len(each)):
         total, i = each[start], start
@@ -224,12 +233,12 @@ def worst_cost(prices: Sequence[Pricing], prompt: int, completion: int,
     return worst
 
 
-def reservation(body: Mapping[str, Any], prompt_tokens: int, default_max: int,
-                prices: Sequence[Pricing], replaceable: Sequence[bool] = ()) -> Reservation:
+def reservation(body: Mapping[str, Any], prompt_tokens: int, default_max: int, prices: Sequence[Pricing],
+                replaceable: Sequence[bool] = (), graded: Sequence[Grading | None] = ()) -> Reservation:
     """Tokens are reserved for one answer (a replaced one is settled at the end); dollars for the worst
-    chain of billed answers."""
+    chain of billed answers (and their gradings)."""
     out = max_completion_of(body, default_max)
-    return Reservation(prompt_tokens, out, worst_cost(prices, prompt_tokens, out, replaceable))
+    return Reservation(prompt_tokens, out, worst_cost(prices, prompt_tokens, out, replaceable, graded))
 
 
 def amount(c: Counter, r: Reservation) -> float:

@@ -289,10 +289,11 @@ class Limiter:
 
     async def admit(self, server: ServerSettings, route: Route | None, route_label: str, who: L.Identity,
                     body: Mapping[str, Any], prompt_tokens: int | None, prices: Sequence[Pricing],
-                    replaceable: Sequence[bool] = ()) -> Hold | None:
+                    replaceable: Sequence[bool] = (), graded: Sequence[L.Grading | None] = ()) -> Hold | None:
         """A hold to settle at the request's end, None when no limit applies; raises the 429.
         `prompt_tokens`: the classifier's count, when the request was classified (else estimated here);
-        `replaceable[i]`: tier i's answer may be replaced by the next one's, so both are billed."""
+        `replaceable[i]`: tier i's answer may be replaced by the next one's, so both are billed;
+        `graded[i]`: a verifier grades tier i's answer (limits.worst_cost)."""
         policy = L.policy_for(server, route, who)
         now = time.time()
         counters = L.counters_for(policy, who, route_label, now)
@@ -300,7 +301,7 @@ class Limiter:
             return None
         if prompt_tokens is None:
             prompt_tokens = prompt_tokens_of(body)
-        res = L.reservation(body, prompt_tokens, server.limiter.reserve_max_tokens, prices, replaceable)
+        res = L.reservation(body, prompt_tokens, server.limiter.reserve_max_tokens, prices, replaceable, graded)
         amounts = [L.amount(c, res) for c in counters]
         try:
             if time.monotonic() < self._down_until:

@@ -49,6 +49,7 @@ class Script:
     streams_cut: int = 0  # answers whose reader went away before the end (as vLLM aborts them)
     streams_done: int = 0  # streams sent to their end
     reply: str = "hello"
+    anthropic_text: str = "bonjour anthropic"  # the Anthropic fake's whole answer (the verifier tests: a grade)
     cached_tokens: int = 0
     cache_written_tokens: int = 0  # Anthropic's cache_creation_input_tokens
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -290,7 +291,7 @@ def anthropic_app(script: Script) -> Starlette:
                 "type": "message",
                 "role": "assistant",
                 "model": body["model"],
-                "content": [{"type": "text", "text": "bonjour anthropic"}],
+                "content": [{"type": "text", "text": script.anthropic_text}],
                 "stop_reason": "end_turn",
                 "usage": usage,
             }

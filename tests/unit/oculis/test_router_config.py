@@ -62,6 +62,14 @@ def base(routes: str) -> str:
         (base("    - {name: r, tierz: []}"), "oculis.routes.0.tierz: unknown field; remove it or check its spelling"),
         (base("    - {name: r, tiers: [{name: a, upstream: small}, {name: a, upstream: small}]}"),
          "tier names must be unique; repeated: a"),
+        (base("    - {name: r, tiers: [{name: a, upstream: small}], escalation: {on_answer: {verifier: "
+              "{upstream: judge, min_score: 7}}}}"),
+         "routes[0].escalation.on_answer.verifier.upstream: 'judge' is not a declared upstream (declared: small)"),
+        (base("    - {name: r, tiers: [{name: a, upstream: small}], escalation: {on_answer: {buffer_streams: true}}}"),
+         "on_answer checks nothing: set min_mean_logprob (e.g. -1.0), verifier {upstream, min_score}, or both"),
+        (base("    - {name: r, tiers: [{name: a, upstream: small}], escalation: {on_answer: {verifier: "
+              "{upstream: small, min_score: 11}}}}"),
+         "oculis.routes.0.escalation.on_answer.verifier.min_score: Input should be less than or equal to 10"),
         ("oculis: [1]", "expected a mapping with a top-level `oculis:` key"),
         ("oculis: {", "not valid YAML"),
         ("oculis:\n  upstreams: [{name: x, provider: grpc}]", "oculis.upstreams.0.provider: Input should be"),
