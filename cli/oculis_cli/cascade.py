@@ -6,10 +6,23 @@ A request routed to tier i costs, routed only, one attempt there. As a cascade i
     cascade(i) = attempt(i) + verifier(i) + p_esc(i) x cascade(i + 1),    cascade(last) = attempt(last)
 
 where p_esc(i) is the share of tier i's answers replaced by the next tier's (the first answer is paid
-for all the same: the router counts and bills it). The verifier is $0: the logprob check reads the
-logprobs the cheap engine returns with its answer and makes no extra call, and the schema has no
-verifier upstream. Every attempt is priced by the router's own formula (`usage.cost_dollars`, the
-upstream's `pricing`), with the request's prompt and output tokens at every tier it reaches.
+for all the same: the router counts and bills it). Every attempt is priced by the router's own formula
+(`usage.cost_dollars`, the upstream's `pricing`), with the request's prompt and output tokens at every
+tier it reaches.
+
+verifier(i) is the grading of tier i's answer by the route's `escalation.on_answer.verifier`, which
+the router calls for every answer of every tier but the last (hosted tiers too). It is priced per
+request, at the verifier upstream's `pricing`, as the call the router makes
+(`answer_check.grading_request`):
+
+    verifier(i) = cost_dollars(verifier pricing, input = prompt + output + grading_overhead_tokens(v),
+                               output = v.max_tokens)
+
+i.e. the conversation and the answer it grades plus the rubric and template (the router's own
+estimate), and the verifier's answer at its limit. An upper estimate: the router does not grade an
+answer the logprob check already failed, nor one without text, and a score is usually shorter than
+max_tokens. A tier with no verifier costs $0 for its check: the logprob check reads the logprobs the
+engine returns with its answer and makes no extra call.
 """
 
 from __future__ import annotations
@@ -21,13 +34,25 @@ from typing import Any
 
 from oculis import Pricing, Route
 from oculis.router import Upstream
-from oculis_router.answer_check import SELF_HOSTED, check_for
+from oculis_router.answer_check import SELF_HOSTED, grading_overhead_tokens, replaceable, verifier_for
 from oculis_router.usage import Usage, cost_dollars
 
 VERIFIER_WHY = ("$0: the logprob check reads the logprobs the engine returns with its answer (no extra call); "
-                "the schema has no verifier upstream")
+                "the route has no escalation.on_answer.verifier")
 DEFAULT_OUTPUT_TOKENS = 256  # an answer's assumed length where none is measured (the online --max-tokens default)
+# The escalation reasons of a replaced answer: the logprob check's and the verifier's.
+ANSWER_REASONS = ("low_answer_confidence", "low_answer_score")
 FORMULA = "cascade(i) = attempt(i) + verifier(i) + p_esc(i) x cascade(i+1); routed-only = attempt(routed tier)"
+
+
+@dataclass(frozen=True)
+class Grader:
+    """The route's verifier as the router calls it for one tier's answers (answer_check.grading_request)."""
+
+    upstream: str
+    pricing: Pricing | None  # None: the upstream is not in the config
+    overhead_tokens: int  # rubric and template: answer_check.grading_overhead_tokens
+    max_tokens: int  # the verifier's answer, taken at its limit
 
 
 @dataclass(frozen=True)
@@ -36,7 +61,8 @@ class Tier:
     upstream: str
     pricing: Pricing | None  # None: the upstream is not in the config
     p_esc: float = 0.0  # share of this tier's answers replaced by the next tier's; 0 on the last tier
-    verifier_dollars: float = 0.0  # per answer checked; 0 for the logprob check (no extra call)
+    grader: Grader | None = None  # the verifier that grades this tier's answers; None: no extra call
+
 
 
 @dataclass(frozen=True)
@@ -64,6 +90,16 @@ def attempt(t: Tier, r: Request) -> float:
     return cost_dollars(t.pricing, Usage(round(r.prompt_tokens), round(r.output_tokens), round(r.cached_tokens), 0))
 
 
+def grading(t: Tier, r: Request) -> float:
+    """verifier(i): the grading of tier t's answer(s) to the request(s): the conversation and the
+    answer plus the rubric and template in, max_tokens out, per request (r.count of them)."""
+    g = t.grader
+    if g is None or g.pricing is None:
+        return 0.0
+    return cost_dollars(g.pricing, Usage(round(r.prompt_tokens + r.output_tokens + g.overhead_tokens * r.count),
+                                         round(g.max_tokens * r.count), 0, 0))
+
+
 def p_of(tiers: Sequence[Tier], r: Request, i: int) -> float:
     if i + 1 >= len(tiers):
         return 0.0  # nothing above the last tier to escalate to
@@ -76,7 +112,7 @@ def cascade_cost(tiers: Sequence[Tier], r: Request, i: int | None = None) -> flo
     cost = attempt(tiers[i], r)
     p = p_of(tiers, r, i)
     if i + 1 < len(tiers):
-        cost += tiers[i].verifier_dollars * r.count
+        cost += grading(tiers[i], r)
         if p > 0:
             cost += p * cascade_cost(tiers, r, i + 1)
     return cost
@@ -93,22 +129,54 @@ def reach(tiers: Sequence[Tier], r: Request) -> list[float]:
     return final
 
 
+def graded_cost(tiers: Sequence[Tier], r: Request) -> float:
+    """The expected verifier dollars within cascade_cost: each tier's grading, weighted by the share
+    of the request(s) that reach it."""
+    cost, arriving = 0.0, 1.0
+    for i in range(r.tier, len(tiers) - 1):  # the last tier is never graded
+        cost += arriving * grading(tiers[i], r)
+        arriving *= p_of(tiers, r, i)
+    return cost
+
+
+def verifier_block(tiers: Sequence[Tier], dollars: float, source: str | None = None) -> dict[str, Any]:
+    """Which verifier upstream grades which tiers, and what the gradings cost in all; `source` says
+    where the grading tokens came from (default: estimated from the requests' tokens)."""
+    graders: dict[str, list[str]] = {}
+    for t in tiers[:-1]:
+        if t.grader is not None:
+            graders.setdefault(t.grader.upstream, []).append(t.name)
+    if not graders:
+        return {"dollars": 0.0, "why": VERIFIER_WHY}
+    g = next(t.grader for t in tiers if t.grader is not None)
+    who = "; ".join(f"{up} grades {', '.join(names)}" for up, names in graders.items())
+    source = source or "estimated from the requests' tokens"
+    return {"graders": graders, "dollars": round(dollars, 10), "source": source,
+            "why": (f"${dollars:.6g} in the cascade cost: {who} (escalation.on_answer.verifier), one call per answer "
+                    f"of those tiers at the verifier's pricing: the request's prompt and output tokens plus "
+                    f"{g.overhead_tokens} rubric/template tokens in, max_tokens {g.max_tokens} out (an upper "
+                    "estimate: the router skips an answer the logprob check already failed, and a score is usually "
+                    "shorter); {source}")}
+
+
 def _saving(cost: float, strongest: float) -> float | None:
     return round(100 * (1 - cost / strongest), 2) if strongest > 0 else None
 
 
 def report(tiers: Sequence[Tier], requests: Sequence[Request], p_source: str, tokens: str,
-           unchecked: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Per routed tier and in total: routed-only cost, cascade cost, all-strongest cost and savings.
-    `p_source` says where p_esc came from, `tokens` where the token counts came from, `unchecked` why
-    a tier below the last gets p_esc 0."""
+           unchecked: Mapping[str, str] | None = None, verifier_source: str | None = None) -> dict[str, Any]:
+    """Per routed tier and in total: routed-only cost, cascade cost (with the verifier's gradings),
+    all-strongest cost and savings. `p_source` says where p_esc came from, `tokens` where the token
+    counts came from, `unchecked` why a tier below the last gets p_esc 0, `verifier_source` where the
+    grading tokens came from."""
     n_tiers, last = len(tiers), len(tiers) - 1
     routed = [0.0] * n_tiers
     final = [0.0] * n_tiers
     only = [0.0] * n_tiers
     casc = [0.0] * n_tiers
-    strongest = 0.0
+    strongest = graded = 0.0
     for r in requests:
+        graded += graded_cost(tiers, r)
         routed[r.tier] += r.count
         only[r.tier] += attempt(tiers[r.tier], r)
         casc[r.tier] += cascade_cost(tiers, r)
@@ -122,7 +190,9 @@ def report(tiers: Sequence[Tier], requests: Sequence[Request], p_source: str, to
              "final_share": round(final[i] / total, 4) if total else 0.0,
              "routed_only_cost": round(only[i], 10), "cascade_cost": round(casc[i], 10)}
             for i, t in enumerate(tiers)]
-    unpriced = sorted({t.upstream for t in tiers if not priced(t.pricing)})
+    graders = [t.grader for t in tiers[:-1] if t.grader is not None]
+    unpriced = sorted({t.upstream for t in tiers if not priced(t.pricing)}
+                      | {g.upstream for g in graders if not priced(g.pricing)})
     out: dict[str, Any] = {
         "tiers": rows,
         "total": {"requests": round(total, 2), "routed_only_cost": round(t_only, 10),
@@ -133,8 +203,7 @@ def report(tiers: Sequence[Tier], requests: Sequence[Request], p_source: str, to
                           "cascade_saving_pct": _saving(t_casc, strongest)},
         "p_esc_source": p_source,
         "unchecked": dict(unchecked or {}),
-        "verifier": {"dollars": 0.0, "why": VERIFIER_WHY} if not any(t.verifier_dollars for t in tiers)
-        else {"dollars_per_answer": {t.name: t.verifier_dollars for t in tiers}},
+        "verifier": verifier_block(tiers, graded, verifier_source),
         "tokens": tokens,
         "formula": FORMULA,
         "unpriced": unpriced,
@@ -146,8 +215,9 @@ def report(tiers: Sequence[Tier], requests: Sequence[Request], p_source: str, to
 
 
 def unchecked_reason(route: Route, up: Upstream | None, i: int, what_if: bool) -> str | None:
-    """Why the router would not check tier i's answers (None: it would). `what_if`: as if
-    escalation.on_answer were configured (a rate given by flag for a route without it)."""
+    """Why the router would not check tier i's answers (None: it would, by the logprob check or the
+    verifier, which grades hosted tiers too). `what_if`: as if escalation.on_answer (the logprob check)
+    were configured (a rate given by flag for a route without it)."""
     n = len(route.tiers)
     if i + 1 >= n:
         return "the last tier: nothing to escalate to"
@@ -159,22 +229,31 @@ def unchecked_reason(route: Route, up: Upstream | None, i: int, what_if: bool) -
         return None if up.provider in SELF_HOSTED else f"{up.provider} is hosted: not asked for logprobs"
     if route.escalation.on_answer is None:
         return "escalation.on_answer is not configured"
-    return None if check_for(route, up, i, n) is not None else f"{up.provider} is hosted: not asked for logprobs"
+    if replaceable(route, up, i, n):
+        return None
+    return f"{up.provider} is hosted: not asked for logprobs, and the route has no verifier"
 
 
 def tiers_for(route: Route, upstreams: Mapping[str, Upstream], p: float | None, what_if: bool
               ) -> tuple[list[Tier], dict[str, str]]:
-    """The route's tiers with p_esc = p on each tier the router checks (0 elsewhere), and why each
-    other non-last tier is not checked."""
+    """The route's tiers with p_esc = p on each tier the router checks (0 elsewhere), the verifier
+    on each tier it grades, and why each other non-last tier is not checked."""
     tiers, why = [], {}
+    n = len(route.tiers)
     for i, t in enumerate(route.tiers):
         up = upstreams.get(t.upstream)
         reason = unchecked_reason(route, up, i, what_if)
-        if reason is not None and i + 1 < len(route.tiers):
+        if reason is not None and i + 1 < n:
             why[t.name] = reason
-        tiers.append(Tier(t.name, t.upstream, up.pricing if up is not None else None,
-                          p if reason is None and p is not None else 0.0))
+        v = verifier_for(route, i, n) if up is not None else None  # no answer from a missing upstream to grade
+        grader = None if v is None else Grader(v.upstream, _pricing(upstreams.get(v.upstream)),
+                                               grading_overhead_tokens(v), v.max_tokens)
+        tiers.append(Tier(t.name, t.upstream, _pricing(up), p if reason is None and p is not None else 0.0, grader))
     return tiers, why
+
+
+def _pricing(up: Upstream | None) -> Pricing | None:
+    return up.pricing if up is not None else None
 
 
 def resolve_rate(route: Route, measured: float | None, measured_what: str, flag: float | None
@@ -216,17 +295,21 @@ def window_rate(route: Route, checked: set[str], requests: Mapping[tuple[str, st
                 escalations: Mapping[tuple[str, str], float]) -> tuple[float | None, str]:
     """p_esc over a window of the router's counters, pooled over the checked tiers (the escalation
     counter has no tier label): answers replaced / answers those tiers produced, where the answers
-    produced are the ones they finally gave plus the ones replaced. None when they produced none."""
-    replaced = escalations.get((route.name, "low_answer_confidence"), 0.0)
+    produced are the ones they finally gave plus the ones replaced. Replaced by either check: the
+    logprob check's low_answer_confidence and the verifier's low_answer_score. None when they
+    produced none."""
+    by_reason = {reason: escalations.get((route.name, reason), 0.0) for reason in ANSWER_REASONS}
+    replaced = sum(by_reason.values())
     kept = sum(v for (r, tier, _, outcome), v in requests.items()
                if r == route.name and tier in checked and outcome == "ok")
     produced = kept + replaced
     if produced <= 0:
         return None, ""
+    reasons = ", ".join(f"{k} {v:g}" for k, v in by_reason.items())
     return min(replaced / produced, 1.0), (
-        f"the window: oculis_escalations_total{{reason=\"low_answer_confidence\"}} {replaced:g} / "
-        f"{produced:g} answers of the checked tiers ({', '.join(sorted(checked))}; pooled: the counter has no "
-        "tier label)")
+        f"the window: oculis_escalations_total{{reason=~\"{'|'.join(ANSWER_REASONS)}\"}} {replaced:g} answers "
+        f"replaced ({reasons}; both checks count) / {produced:g} answers of the checked tiers "
+        f"({', '.join(sorted(checked))}; pooled: the counter has no tier label)")
 
 
 def text(rep: dict[str, Any]) -> str:

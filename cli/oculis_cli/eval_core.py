@@ -12,6 +12,7 @@ INCONCLUSIVE, so a tier too small to tell never passes by default.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -295,14 +296,16 @@ def oracle_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Seq
             unknown += 1
         finals.append(bool(final))
         requests.append(cascade.Request(r.tier_index, r.prompt_tokens, output_tokens, p_esc=tuple(p)))
-    shown = [cascade.Tier(t.name, t.upstream, t.pricing, wrong_at[i] / arrived_at[i] if arrived_at[i] else 0.0)
+    # Each tier as the router configures it (its verifier too: the oracle decides, the real one is paid for)
+    shown = [dataclasses.replace(t, p_esc=wrong_at[i] / arrived_at[i] if arrived_at[i] else 0.0)
              for i, t in enumerate(tiers)]
     what_if = "" if route.escalation.on_answer is not None else (
         "what-if (the route has no escalation.on_answer: the tiers the router would check with it); ")
     rep = cascade.report(shown, requests, f"{what_if}oracle verifier (offline): p_esc = each checked tier's observed "
                          "error rate on the answers it gave (routed there or escalated to it)",
                          f"prompt tokens of each suite prompt by the classifier's tokenizer; {output_tokens} output "
-                         "tokens per answer assumed (--output-tokens)", why)
+                         "tokens per answer assumed (--output-tokens)", why,
+                         "estimated per suite prompt: its classifier tokens and --output-tokens, as above")
     n = len(results)
     rep["accuracy"] = {"routed": round(sum(r.correct for r in results) / n, 4),
                        "cascade": round(sum(finals) / n, 4),
@@ -327,10 +330,13 @@ def online_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Seq
         if r.answer_escalated:
             replaced[i] += 1
             produced[i] += 1  # ... and the one it replaced
-    shown = [cascade.Tier(t.name, t.upstream, t.pricing, replaced[i] / produced[i] if i in checked and produced[i]
-                          else 0.0) for i, t in enumerate(tiers)]
+    shown = [dataclasses.replace(t, p_esc=replaced[i] / produced[i] if i in checked and produced[i] else 0.0)
+             for i, t in enumerate(tiers)]
     src = (f"measured online: {sum(replaced)} answers replaced (x-oculis-escalation-reason: answer) of "
            f"{sum(produced[i] for i in checked)} the checked tiers gave")
     requests = [cascade.Request(i, r.prompt_tokens, r.output_tokens or 0) for r, i in zip(known, routed, strict=True)]
     return cascade.report(shown, requests, src, "the answers' usage (prompt and completion tokens; the replaced "
-                          "answer assumed as long as the one sent)", why)
+                          "answer assumed as long as the one sent)", why,
+                          "estimated from the answers' usage, not measured: the router's answer carries its own "
+                          "usage, not the grading's (that is in oculis_prompt_tokens_total of the verifier upstream, "
+                          "shared with whatever else it serves)")

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 
 from oculis import Pricing, load_config
-from oculis.router import AnswerCheck
+from oculis.router import AnswerCheck, Route, Verifier
 from oculis_cli import cascade
-from oculis_cli.cascade import Request, Tier
+from oculis_cli.cascade import Grader, Request, Tier
 from oculis_cli.cost_core import Counters
 from oculis_cli.route_window_core import window_cascade
+from oculis_router.answer_check import grading_overhead_tokens
 from oculis_router.usage import Usage, cost_dollars
 
 SEED = Path(__file__).resolve().parents[3] / "examples" / "oculis-config.yaml"
@@ -82,10 +83,74 @@ def test_an_unpriced_upstream_is_named_never_silently_zero() -> None:
     assert gone["unpriced"] == ["missing"] and gone["all_strongest"]["routed_only_saving_pct"] is None
 
 
-def test_the_verifier_is_zero_and_says_why() -> None:
+def test_without_a_verifier_the_check_is_zero_and_says_why() -> None:
     rep = cascade.report(three(0.1, 0.1), [Request(0, 1000, 500)], "test", "test")
     assert rep["verifier"]["dollars"] == 0.0 and "no extra call" in rep["verifier"]["why"]
-    assert "schema has no verifier" in rep["verifier"]["why"]
+    assert "no escalation.on_answer.verifier" in rep["verifier"]["why"]
+
+
+JUDGE = Pricing(input_per_mtok=3, output_per_mtok=15)
+
+
+def test_a_verifier_grading_is_priced_per_request_on_the_answer_it_grades_plus_the_rubric() -> None:
+    # Tier a (cheap) is graded by "judge" (100 rubric/template tokens, max_tokens 8); b is the last tier.
+    g = Grader("judge", JUDGE, 100, 8)
+    tiers = [Tier("a", "up-a", CHEAP, 0.25, g), Tier("b", "up-b", STRONG, 0.0, g)]
+    r = Request(0, 1000, 500)
+    # attempt(a) = (1000 x 1 + 500 x 2) / 1e6 = 0.002; grading = ((1000 + 500 + 100) x 3 + 8 x 15) / 1e6 = 0.00492;
+    # b = (1000 x 100 + 500 x 200) / 1e6 = 0.2, reached by a quarter: 0.002 + 0.00492 + 0.25 x 0.2 = 0.05692.
+    assert cascade.grading(tiers[0], r) == pytest.approx(0.00492)
+    assert cascade.cascade_cost(tiers, r) == pytest.approx(0.05692)
+    rep = cascade.report(tiers, [r, Request(1, 1000, 500)], "test", "test")
+    assert rep["tiers"][1]["cascade_cost"] == pytest.approx(0.2)  # the last tier is never graded
+    assert rep["total"]["cascade_cost"] == pytest.approx(0.25692)
+    assert rep["total"]["routed_only_cost"] == pytest.approx(0.202)  # no check, no grading
+    assert rep["verifier"]["graders"] == {"judge": ["a"]} and rep["verifier"]["dollars"] == pytest.approx(0.00492)
+    assert "judge grades a" in rep["verifier"]["why"] and "$0.00492" in rep["verifier"]["why"]
+    assert "verifier: $0.00492 in the cascade cost: judge grades a" in cascade.text(rep)
+    # Three alike requests in one Request: the tokens are totals, the rubric and the score are per request.
+    assert cascade.grading(tiers[0], Request(0, 3000, 1500, count=3)) == pytest.approx(3 * 0.00492)
+
+
+def test_the_verifier_total_weights_each_tiers_grading_by_the_share_that_reaches_it() -> None:
+    g = Grader("judge", JUDGE, 100, 8)
+    tiers = [Tier("a", "up-a", CHEAP, 0.5, g), Tier("b", "up-b", MID, 0.5, g), Tier("c", "up-c", STRONG, 0.0, g)]
+    r = Request(0, 1000, 500)
+    rep = cascade.report(tiers, [r], "test", "test")
+    assert rep["verifier"]["dollars"] == pytest.approx(1.5 * 0.00492)  # a always, b half the time, c never
+    assert rep["verifier"]["graders"] == {"judge": ["a", "b"]}
+    want = one(CHEAP) + 0.00492 + 0.5 * (one(MID) + 0.00492 + 0.5 * one(STRONG))
+    assert rep["total"]["cascade_cost"] == pytest.approx(want)
+
+
+def test_an_unpriced_verifier_upstream_is_named_like_an_unpriced_tier() -> None:
+    for free in (Grader("judge", Pricing(), 100, 8), Grader("judge", None, 100, 8)):
+        tiers = [Tier("a", "up-a", CHEAP, 0.2, free), Tier("b", "up-b", STRONG)]
+        rep = cascade.report(tiers, [Request(0, 1000, 500)], "test", "test")
+        assert rep["unpriced"] == ["judge"] and "judge" in rep["unpriced_note"]
+        assert rep["total"]["cascade_cost"] == pytest.approx(one(CHEAP) + 0.2 * one(STRONG))
+
+
+def with_verifier(route: Route, upstream: str = "openai-gpt4o", logprob: float | None = None) -> Route:
+    check = AnswerCheck(min_mean_logprob=logprob, verifier=Verifier(upstream=upstream, min_score=7, max_tokens=8))
+    return route.model_copy(update={"escalation": route.escalation.model_copy(update={"on_answer": check})})
+
+
+def test_a_hosted_tier_is_checked_when_the_route_has_a_verifier_and_each_checked_tier_carries_it() -> None:
+    hosted = {**UPSTREAMS, "llama-70b": UPSTREAMS["openai-gpt4o"].model_copy(update={"name": "llama-70b"})}
+    graded = with_verifier(ROUTE)
+    tiers, why = cascade.tiers_for(graded, hosted, 0.3, what_if=False)
+    assert [t.p_esc for t in tiers] == [0.3, 0.3, 0.0] and why == {}
+    assert graded.escalation.on_answer is not None and graded.escalation.on_answer.verifier is not None
+    v = graded.escalation.on_answer.verifier
+    want = Grader("openai-gpt4o", UPSTREAMS["openai-gpt4o"].pricing, grading_overhead_tokens(v), 8)
+    assert [t.grader for t in tiers] == [want, want, None]
+    # The logprob check alone leaves the hosted tier unchecked and adds no verifier.
+    logprob_only = ROUTE.model_copy(update={"escalation": ROUTE.escalation.model_copy(
+        update={"on_answer": AnswerCheck(min_mean_logprob=-1.0)})})
+    tiers, why = cascade.tiers_for(logprob_only, hosted, 0.3, what_if=False)
+    assert [t.p_esc for t in tiers] == [0.3, 0.0, 0.0] and "hosted" in why["standard"]
+    assert all(t.grader is None for t in tiers)
 
 
 @pytest.mark.parametrize("raw", ["1.5", "-0.1", "nan", "lots"])
@@ -131,3 +196,16 @@ def test_the_window_rate_is_answers_replaced_over_answers_the_checked_tiers_gave
     assert rep["tiers"][0]["p_esc"] == pytest.approx(100 / 1000)  # 100 replaced / (900 kept + 100 replaced)
     assert rep["p_esc_source"].startswith("the window") and "pooled" in rep["p_esc_source"]
     assert window_cascade(ROUTE, UPSTREAMS, c, rate=0.2)["tiers"][0]["p_esc"] == 0.2  # unchecked: the what-if
+
+
+def test_the_window_rate_counts_answers_replaced_by_either_check() -> None:
+    c = Counters(requests={("adaptive", "simple", "llama-8b", "ok"): 800,
+                           ("adaptive", "standard", "llama-70b", "ok"): 100,
+                           ("adaptive", "complex", "openai-gpt4o", "ok"): 100},
+                 prompt_tokens={"llama-8b": 800_000, "llama-70b": 100_000, "openai-gpt4o": 100_000},
+                 completion_tokens={"llama-8b": 400_000, "llama-70b": 50_000, "openai-gpt4o": 50_000},
+                 escalations={("adaptive", "low_answer_confidence"): 60, ("adaptive", "low_answer_score"): 40})
+    rep = window_cascade(with_verifier(ROUTE, logprob=-1.0), UPSTREAMS, c, rate=None)
+    assert rep["tiers"][0]["p_esc"] == pytest.approx(100 / 1000)  # (60 + 40) / (900 kept + 100 replaced)
+    assert "low_answer_confidence 60" in rep["p_esc_source"] and "low_answer_score 40" in rep["p_esc_source"]
+    assert rep["verifier"]["graders"] == {"openai-gpt4o": ["simple", "standard"]} and rep["verifier"]["dollars"] > 0
