@@ -3,16 +3,26 @@ ConfigMap. Pure.
 
 Each ConfigMap (a route's `spec.configMap`) holds only the routes that name it. A route is left out,
 with the reason in its status, when its spec is invalid, its name is also a GPUUpstream's (a request
-for that model would reach the upstream, never the route), a tier names a missing GPUUpstream or one
-the router could not call; the other routes still render. Each route is checked with the router's
-own schema, and so is the whole result, so the router never receives a config it would reject.
+for that model would reach the upstream, never the route), a tier or its verifier
+(escalation.onAnswer.verifier.upstream) names a missing GPUUpstream or one the router could not call;
+the other routes still render. Each route is checked with the router's own schema, and so is the
+whole result, so the router never receives a config it would reject.
 When no route of a ConfigMap can be served it holds the empty config, which the router accepts and
 answers 404 for every model: the router never keeps serving a route its status says is left out.
-One exception keeps traffic flowing: a route refused only because a tier's GPUUpstream is gone keeps
+One exception keeps traffic flowing: a route refused only because a GPUUpstream it names is gone keeps
 its last good block (and the upstream entries and Secret env it named) from the ConfigMap the
-operator last wrote, so its other tiers still answer and the vanished one fails over by escalation;
-its status says so (Degraded, UpstreamNotFound, "the router keeps serving this route's last good
-config"). Without such a rendering, or once the route is deleted, it leaves as above.
+operator last wrote, so its other tiers still answer and the vanished one fails over by escalation
+(a vanished verifier's gradings fail, and the answers are kept); its status says so (Degraded,
+UpstreamNotFound, "the router keeps serving this route's last good config"). Without such a
+rendering, or once the route is deleted, it leaves as above.
+The verifier's GPUUpstream is one of the route's upstreams everywhere (`route_upstreams`: rendered
+with the tiers' ones, once if it is also a tier, with its Secret env; missing, broken, readiness, the
+last good block). One that exists but does not answer leaves the route rendered (the router keeps an
+answer whose grading fails), and the status reads as for a tier's upstream in that state, adding that
+answers go ungraded meanwhile: not Ready and Degraded (UpstreamNotReady), Progressing
+(UpstreamProgressing), or at zero not Ready and not Degraded (ScaledToZero, Argo's Suspended: answers
+are served but unchecked, and the router counts wake-up demand only for a route's first tier, so
+grading calls never wake it). tierStatus and upstreamsReady list the tiers only.
 An upstream's `revision` is its engine hash, so the router's response cache never serves an answer
 from a replaced model. While its canary is analysed it also has `canary: {base_url, percent}`: the
 canary Service and spec.rollout.canary.trafficPercent, the share the router sends there.
@@ -40,7 +50,7 @@ from pydantic import ValidationError
 
 from oculis.base import format_errors
 from oculis.inferenceroute import DEFAULT_CONFIG_MAP, HEADS_DIR, InferenceRouteSpec
-from oculis.router import NAME_PATTERN, RouterConfig, Upstream
+from oculis.router import NAME_PATTERN, Route, RouteBody, RouterConfig, Upstream
 from oculis.upstream import Canary
 from oculis_operator import render
 from oculis_operator.conditions import condition
@@ -171,6 +181,19 @@ def ready(obj: dict[str, Any]) -> bool:
     return condition(obj.get("status"), "Ready").get("status") == "True"
 
 
+def verifier_of(body: RouteBody) -> str | None:
+    """The upstream that grades the route's answers (escalation.on_answer.verifier), or None."""
+    check = body.escalation.on_answer
+    return check.verifier.upstream if check is not None and check.verifier is not None else None
+
+
+def route_upstreams(body: RouteBody) -> list[str]:
+    """The upstreams a route names, each once: its tiers' in order, then its verifier's. Every place that
+    renders, checks or carries a route's upstreams reads this, so none can leave the verifier out."""
+    verifier = verifier_of(body)
+    return list(dict.fromkeys([*(t.upstream for t in body.tiers), *([verifier] if verifier else [])]))
+
+
 def answered_at_zero(cold_start: str, tier_upstreams: list[str], states: Mapping[str, str]) -> str | None:
     """How the route's requests are answered while some of its upstreams are scaled to zero, or None
     when some are not (then the route is not Ready). Only coldStart escalate answers at once, and only
@@ -256,11 +279,11 @@ def last_good(previous: Mapping[str, str] | None, name: str) -> LastGood | None:
         if block is None:
             return None
         by_name = {u["name"]: u for u in doc.get("upstreams") or []}
-        names = list(dict.fromkeys(t["upstream"] for t in block.get("tiers") or []))
+        names = route_upstreams(Route.model_validate(block))
         if any(u not in by_name for u in names):
             return None
         secrets = {s["env"]: s for s in json.loads(previous.get(SECRETS_KEY) or "[]")}
-    except (yaml.YAMLError, json.JSONDecodeError, AttributeError, KeyError, TypeError):
+    except (yaml.YAMLError, json.JSONDecodeError, ValidationError, AttributeError, KeyError, TypeError):
         return None
     return LastGood(block, {u: by_name[u] for u in names}, secrets)
 
@@ -356,7 +379,15 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
             body["classifier"].pop("head_from")
             body["classifier"]["head_path"] = f"{HEADS_DIR}/{ref.name}/{ref.key}"
         route_doc = {"name": name, **body}
-        missing = [t.upstream for t in spec.tiers if t.upstream not in by_name]
+        names = route_upstreams(spec)
+        tier_upstreams = [t.upstream for t in spec.tiers]
+        verifier = verifier_of(spec)
+        # Only a verifier that is no tier is pointed out: a tier's upstream was always named bare.
+        only_verifier = verifier if verifier not in tier_upstreams else None
+
+        def named(u: str, only: str | None = only_verifier) -> str:
+            return f"{u} (the verifier, escalation.onAnswer.verifier.upstream)" if u == only else u
+        missing = [named(u) for u in names if u not in by_name]
         if missing:
             left_out = verdict(
                 False, "UpstreamNotFound", f"no GPUUpstream named {', '.join(missing)} in this namespace; {LEFT_OUT}")
@@ -380,8 +411,7 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
             verdicts[name] = verdict(
                 False, "UpstreamNotFound", f"no GPUUpstream named {', '.join(missing)} in this namespace; {KEPT}")
             continue
-        names = list(dict.fromkeys(t.upstream for t in spec.tiers))
-        broken = [f"GPUUpstream {u}: {checked(u)[2]}" for u in names if checked(u)[2]]
+        broken = [f"GPUUpstream {named(u)}: {checked(u)[2]}" for u in names if checked(u)[2]]
         if broken:  # only the routes that use a broken upstream pay for it
             verdicts[name] = verdict(False, "InvalidUpstream", f"{'; '.join(broken)}; {LEFT_OUT}")
             continue
@@ -396,17 +426,28 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
         failing = [not_ready_because(by_name[u]) for u in names if states[u] == NOT_READY]
         coming = [not_ready_because(by_name[u]) for u in names if states[u] == PROGRESSING]
         zero = [u for u in names if states[u] == SCALED_TO_ZERO]
+        # The router keeps an answer whose grading fails, so a verifier that does not answer costs the
+        # route its checks, not its answers: said, and otherwise read as a tier's upstream would be.
+        ungraded = (f"; until the verifier {verifier} answers, answers are kept ungraded"
+                    if verifier is not None and states[verifier] != READY else "")
         if failing:
-            verdicts[name] = verdict(False, "UpstreamNotReady", f"rendered, but not Ready yet: {', '.join(failing)}")
+            verdicts[name] = verdict(False, "UpstreamNotReady",
+                                     f"rendered, but not Ready yet: {', '.join(failing)}{ungraded}")
         elif coming:
-            verdicts[name] = verdict(False, "UpstreamProgressing", f"rendered, waiting for {', '.join(coming)}",
-                                     degraded=False, progressing=f"waiting for {', '.join(coming)}")
+            verdicts[name] = verdict(False, "UpstreamProgressing",
+                                     f"rendered, waiting for {', '.join(coming)}{ungraded}", degraded=False,
+                                     progressing=f"waiting for {', '.join(coming)}")
         elif zero:
-            via = answered_at_zero(spec.cold_start, [t.upstream for t in spec.tiers], states)
+            tiers_at_zero = [u for u in zero if u in tier_upstreams]
+            via = answered_at_zero(spec.cold_start, tier_upstreams, states) if tiers_at_zero else ""
+            why = [via or f"coldStart {spec.cold_start}: its tier's requests get no answer until it wakes (a request "
+                   "wakes it)"] if tiers_at_zero else []
+            if verifier in zero:  # only a route's first tier counts demand: grading never wakes it
+                why.append(f"the verifier {verifier} grades nothing until it wakes (answers are kept ungraded; "
+                           "grading requests do not wake it)")
             verdicts[name] = verdict(
-                via is not None, "ScaledToZero",
-                f"rendered; scaled to zero: {', '.join(zero)}; " + (via or f"coldStart {spec.cold_start}: its "
-                "tier's requests get no answer until it wakes (a request wakes it)"), degraded=False)
+                via is not None and verifier not in zero, "ScaledToZero",
+                f"rendered; scaled to zero: {', '.join(zero)}; " + "; ".join(why), degraded=False)
         else:
             # An upstream rolling with replicas still answering leaves the route Ready and settled: the
             # upstream reports its own rollout.
