@@ -153,10 +153,10 @@ def verifier_block(tiers: Sequence[Tier], dollars: float, source: str | None = N
     source = source or "estimated from the requests' tokens"
     return {"graders": graders, "dollars": round(dollars, 10), "source": source,
             "why": (f"${dollars:.6g} in the cascade cost: {who} (escalation.on_answer.verifier), one call per answer "
-                    f"of those tiers at the verifier's pricing: the request's prompt and output tokens plus "
+                    "of those tiers at the verifier's pricing: the request's prompt and output tokens plus "
                     f"{g.overhead_tokens} rubric/template tokens in, max_tokens {g.max_tokens} out (an upper "
                     "estimate: the router skips an answer the logprob check already failed, and a score is usually "
-                    "shorter); {source}")}
+                    f"shorter); {source}")}
 
 
 def _saving(cost: float, strongest: float) -> float | None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from oculis import load_config
+from oculis.router import AnswerCheck
 from oculis_cli import clusterinputs
 from oculis_cli import eval_core as core
 from oculis_cli.cost_core import Counters
@@ -22,13 +23,16 @@ SEED = Path(__file__).resolve().parents[3] / "examples" / "oculis-config.yaml"
 SAMPLE = "".join(json.dumps({"prompt": p}) + "\n" for p in ["hi", "thanks", "what is 2+2?"])
 
 
-def seed_with_on_answer(tmp_path: Path) -> Path:
+def seed_with_on_answer(tmp_path: Path, on_answer: dict[str, Any] | None = None) -> Path:
     doc = yaml.safe_load(SEED.read_text())
     route = next(r for r in doc["oculis"]["routes"] if r["name"] == "adaptive")
-    route["escalation"]["on_answer"] = {"min_mean_logprob": -1.0}
+    route["escalation"]["on_answer"] = on_answer or {"min_mean_logprob": -1.0}
     path = tmp_path / "oculis-config.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+GRADED = {"verifier": {"upstream": "openai-gpt4o", "min_score": 7, "max_tokens": 8}}  # gpt-4o grades 8B and 70B
 
 
 def analyze(tmp_path: Path, *extra: str) -> list[str]:
@@ -120,6 +124,54 @@ def test_eval_offline_reports_the_oracle_cascade_cost_and_accuracy(tmp_path: Pat
     printed = capsys.readouterr().out
     assert "cascade (escalation on the answer) vs routed-only" in printed
     assert "accuracy: routed-only" in printed and "bounds: oracle verifier" in printed
+
+
+def test_a_samples_cascade_cost_pays_the_verifiers_gradings(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    sample = tmp_path / "sample.jsonl"
+    sample.write_text(SAMPLE)
+    argv = ["route", "analyze", "--route", "adaptive", "--sample", str(sample), "--answer-escalation-rate", "0"]
+    assert main([*argv, "--config", str(SEED), "-o", "json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["cascade"]
+    assert main([*argv, "--config", str(seed_with_on_answer(tmp_path, GRADED)), "-o", "json"]) == 0
+    graded = json.loads(capsys.readouterr().out)["cascade"]
+    # No answer replaced (p_esc 0): the cascade costs the routed attempts plus one grading per answer below gpt-4o.
+    assert graded["verifier"]["graders"] == {"openai-gpt4o": ["simple", "standard"]}
+    assert graded["verifier"]["dollars"] > 0
+    assert graded["total"]["cascade_cost"] == pytest.approx(plain["total"]["routed_only_cost"]
+                                                            + graded["verifier"]["dollars"], abs=1e-9)
+    assert graded["total"]["routed_only_cost"] == plain["total"]["routed_only_cost"]
+    assert graded["unchecked"] == {}
+
+
+def test_eval_offline_oracle_cascade_pays_the_routes_verifier(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    suite = tmp_path / "suite.jsonl"
+    weak_wrong = {"llama-8b": False, "llama-70b": True, "openai-gpt4o": True}
+    suite.write_text("".join(json.dumps({"prompt": p, "outcomes": weak_wrong}) + "\n" for p in ("hi", "thanks")))
+    out = {}
+    for name, on_answer in (("logprob", None), ("graded", GRADED)):
+        (tmp_path / name).mkdir()
+        cfg = seed_with_on_answer(tmp_path / name, on_answer)
+        main(["eval", "run", "--config", str(cfg), "--route", "adaptive", "--suite", str(suite), "-o", "json"])
+        out[name] = json.loads(capsys.readouterr().out)["cascade"]
+    # Both 8B answers are wrong: the oracle escalates them to 70B, which is right; the verifier graded both steps.
+    assert out["logprob"]["verifier"]["dollars"] == 0.0 and out["graded"]["verifier"]["dollars"] > 0
+    assert out["graded"]["total"]["cascade_cost"] == pytest.approx(
+        out["logprob"]["total"]["cascade_cost"] + out["graded"]["verifier"]["dollars"], abs=1e-9)
+    assert "estimated per suite prompt" in out["graded"]["verifier"]["source"]
+
+
+def test_eval_online_prices_the_verifier_as_an_estimate_and_says_so() -> None:
+    cfg = load_config(SEED)
+    route, ups = cfg.route("adaptive"), {u.name: u for u in cfg.upstreams}
+    graded = route.model_copy(update={"escalation": route.escalation.model_copy(
+        update={"on_answer": AnswerCheck.model_validate(GRADED)})})
+    rs = [core.Result("simple", False, True, True, prompt_tokens=10, output_tokens=5)] * 4
+    rep = core.online_cascade(graded, ups, rs)
+    assert rep["verifier"]["graders"] == {"openai-gpt4o": ["simple", "standard"]}
+    assert rep["verifier"]["source"].startswith("estimated from the answers' usage, not measured")
+    assert rep["total"]["cascade_cost"] == pytest.approx(rep["total"]["routed_only_cost"] + rep["verifier"]["dollars"])
 
 
 def test_eval_online_measures_the_rate_from_the_answer_escalation_header() -> None:

@@ -107,6 +107,7 @@ def test_a_verifier_grading_is_priced_per_request_on_the_answer_it_grades_plus_t
     assert rep["total"]["routed_only_cost"] == pytest.approx(0.202)  # no check, no grading
     assert rep["verifier"]["graders"] == {"judge": ["a"]} and rep["verifier"]["dollars"] == pytest.approx(0.00492)
     assert "judge grades a" in rep["verifier"]["why"] and "$0.00492" in rep["verifier"]["why"]
+    assert rep["verifier"]["why"].endswith("; estimated from the requests' tokens")  # the source, filled in
     assert "verifier: $0.00492 in the cascade cost: judge grades a" in cascade.text(rep)
     # Three alike requests in one Request: the tokens are totals, the rubric and the score are per request.
     assert cascade.grading(tiers[0], Request(0, 3000, 1500, count=3)) == pytest.approx(3 * 0.00492)
