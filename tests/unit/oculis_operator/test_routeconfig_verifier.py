@@ -137,4 +137,3 @@ def test_a_verifier_that_does_not_answer_leaves_the_route_served_and_says_so() -
     assert (at_zero.ready, at_zero.degraded, at_zero.reason) == (False, False, "ScaledToZero")
     assert at_zero.message.startswith("rendered; scaled to zero: judge; the verifier judge grades nothing")
     assert "coldStart" not in at_zero.message  # no tier is at zero: the tiers' answering is not in question
-
