@@ -176,6 +176,8 @@ BAD_ROUTES = [
     ({"tiers": [{"name": "a", "upstream": "Bad_Name"}]}, "spec.tiers[0].upstream"),
     ({"tiers": [{"name": "a", "upstream": "x"}], "escalation": {"confidenceThreshold": -0.1}},
      "spec.escalation.confidenceThreshold"),
+    ({"tiers": [{"name": "a", "upstream": "x"}], "escalation": {"onAnswer": {"bufferStreams": True}}},
+     "onAnswer checks nothing"),
 ]
 
 
