@@ -9,8 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from router_support import Fakes
-from test_router_processes import start_router
+from router_support import Fakes, start_router
 
 from oculis_cli.main import main
 
@@ -94,6 +93,35 @@ def test_online_eval_measures_the_answer_escalation_rate_for_the_cascade_cost(
         assert by["standard"]["p_esc"] == 0.0  # the 70B tier kept the answers it gave
         assert by["simple"]["routed_requests"] == 3  # routed to the 8B tier, answered by the 70B one
         assert casc["total"]["cascade_cost"] > casc["total"]["routed_only_cost"] > 0  # the answers' usage, priced
+    finally:
+        router.terminate()
+        router.wait(10)
+
+
+def test_online_eval_prices_the_verifiers_gradings_as_an_estimate_from_the_answers_usage(
+        fakes: Fakes, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes.scripts["claude"].anthropic_text = "Score: 9"  # every answer passes: the 8B tier answers each
+    cfg = tmp_path / "oculis-config.yaml"
+    cfg.write_text(yaml.safe_dump(fakes.config(
+        escalation={"enabled": True, "on_low_confidence": False,
+                    "on_answer": {"verifier": {"upstream": "claude", "min_score": 7}}},
+        cache={"enabled": False})))
+    router, url, _ = start_router(cfg, tmp_path / "router.log")
+    try:
+        suite = tmp_path / "suite.jsonl"
+        suite.write_text("".join(json.dumps({"prompt": p, "expected": r"^hello from", "match": "regex"}) + "\n"
+                                 for p in ("hi", "thanks", "ok then")))
+        monkeypatch.setenv("OCULIS_EVAL_KEY", "sk-client")
+        main(["eval", "run", "--route", "adaptive", "--suite", str(suite), "--url", url, "--config", str(cfg),
+              "--api-key-env", "OCULIS_EVAL_KEY", "-o", "json"])
+        casc = json.loads(capsys.readouterr().out)["cascade"]
+        assert len(fakes.scripts["claude"].received) == 3  # the router graded each routed answer once
+        assert casc["tiers"][0]["routed_requests"] == 3 and casc["tiers"][0]["p_esc"] == 0.0
+        v = casc["verifier"]
+        assert v["graders"] == {"claude": ["simple", "standard"]} and v["dollars"] > 0
+        assert v["source"].startswith("estimated from the answers' usage, not measured")
+        assert casc["total"]["cascade_cost"] == pytest.approx(casc["total"]["routed_only_cost"] + v["dollars"])
+        assert casc["unchecked"] == {}
     finally:
         router.terminate()
         router.wait(10)
