@@ -131,7 +131,7 @@ class Result:
     # For the cascade cost (cascade.py): the tier's index, the prompt's tokens (offline: the classifier's
     # count; online: the answer's usage), the answer's output tokens where measured (online),
     # each tier's outcome where the suite line has one (offline), and whether the router replaced an
-    # answer on its confidence (online: x-oculis-escalation-reason: answer).
+    # answer by either check, logprobs or verifier (online: x-oculis-escalation-reason: answer).
     tier_index: int = -1
     prompt_tokens: int = 0
     output_tokens: int | None = None
@@ -319,7 +319,9 @@ def oracle_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Seq
 def online_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Sequence[Result]) -> dict[str, Any]:
     """Online: the router replaced answers itself. p_esc per checked tier from x-oculis-escalation-reason:
     answer: the header names the tier that answered, so a replaced answer is taken to come from the tier
-    below it (one step; a request replaced twice counts once)."""
+    below it (one step; a request replaced twice counts once: a verifier that fails both the 8B's and the
+    70B's answer shows as routed to the 70B). The verifier's gradings are estimated from the answers'
+    usage: the router's answer does not carry the grading's."""
     tiers, why, checked = _checked(route, upstreams)
     index = {t.name: i for i, t in enumerate(route.tiers)}
     known = [r for r in results if r.tier in index]
