@@ -5,8 +5,9 @@ A request routed to tier i costs, routed only, one attempt there. As a cascade i
 
     cascade(i) = attempt(i) + verifier(i) + p_esc(i) x cascade(i + 1),    cascade(last) = attempt(last)
 
-where p_esc(i) is the share of tier i's answers replaced by the next tier's (the first answer is paid
-for all the same: the router counts and bills it). Every attempt is priced by the router's own formula
+where p_esc(i) is the share of tier i's answers replaced by the next tier's, by either check (the
+logprobs' low_answer_confidence or the verifier's low_answer_score; the first answer is paid for all
+the same: the router counts and bills it). Every attempt is priced by the router's own formula
 (`usage.cost_dollars`, the upstream's `pricing`), with the request's prompt and output tokens at every
 tier it reaches.
 
@@ -62,7 +63,6 @@ class Tier:
     pricing: Pricing | None  # None: the upstream is not in the config
     p_esc: float = 0.0  # share of this tier's answers replaced by the next tier's; 0 on the last tier
     grader: Grader | None = None  # the verifier that grades this tier's answers; None: no extra call
-
 
 
 @dataclass(frozen=True)
