@@ -301,6 +301,10 @@ class Router:
             self.metrics.answer_grades.labels(route_label, v.upstream, "ungraded").inc()
             return None
         up = plan.verifier
+        if up.scaled_to_zero:  # woken by this demand (the autoscaler reads it), not waited for: kept ungraded
+            self.metrics.upstream_demand.labels(up.name).inc()
+            self.metrics.answer_grades.labels(route_label, v.upstream, "cold").inc()
+            return None
         try:
             graded = await self.caller.complete(up, "chat", {"model": up.name, **req}, Attempt(can_escalate=False))
         except (UpstreamFailed, UpstreamRejected) as exc:

@@ -35,7 +35,8 @@ class Metrics:
         self.escalations = Counter("oculis_escalations", "Requests moved up a tier", ["route", "reason"], registry=r)
         self.answer_grades = Counter("oculis_answer_grades", "Answers a verifier graded (escalation.on_answer."
                                      "verifier), by outcome: pass, fail (replaced), unscored (no score in its "
-                                     "reply: kept), error (the verifier failed: kept), ungraded (no text: kept)",
+                                     "reply: kept), error (the verifier failed: kept), ungraded (no text: kept), "
+                                     "cold (the verifier is scaled to zero: woken, answer kept)",
                                      ["route", "verifier", "outcome"], registry=r)
         self.prompt_tokens = Counter("oculis_prompt_tokens", "Prompt tokens", ["upstream"], registry=r)
         self.completion_tokens = Counter("oculis_completion_tokens", "Completion tokens", ["upstream"], registry=r)

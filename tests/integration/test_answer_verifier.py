@@ -117,3 +117,20 @@ def test_a_buffered_stream_is_graded_like_a_whole_answer(router: RouterHandle, f
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in map(json.loads, events[:-1])
                       if c["choices"])
     assert content == "hello from frontier"
+
+
+def test_a_verifier_at_zero_is_woken_not_waited_for(router: RouterHandle, fakes: Fakes) -> None:
+    fakes.scripts["claude"].anthropic_text = "Score: 1"
+    cfg = fakes.config(escalation={"enabled": True, "on_low_confidence": False,
+                                   "on_answer": {"verifier": {"upstream": "claude", "min_score": 7}}},
+                       cache={"enabled": False})
+    next(u for u in cfg["oculis"]["upstreams"] if u["name"] == "claude")["scaled_to_zero"] = True
+    router.write(cfg)
+    eventually(lambda: router.app.state.holder.current.upstreams["claude"].scaled_to_zero, timeout=10,
+               what="the verifier at zero")
+    r = ask(router)
+    assert r.json()["choices"][0]["message"]["content"] == "hello from small"  # kept, ungraded
+    assert not fakes.scripts["claude"].received
+    m = metrics(router)
+    assert 'oculis_answer_grades_total{outcome="cold",route="adaptive",verifier="claude"} 1.0' in m
+    assert 'oculis_upstream_demand_total{upstream="claude"} 1.0' in m  # what wakes it
