@@ -137,6 +137,7 @@ class Result:
     output_tokens: int | None = None
     outcomes: tuple[bool | None, ...] = ()
     answer_escalated: bool = False
+    replaced: tuple[str, ...] = ()  # online: the tiers whose answers were replaced, in order (x-oculis-replaced-tiers)
 
 
 def tier_outcomes(item: Item, tiers: Sequence[tuple[str, str]]) -> tuple[bool | None, ...]:
@@ -317,21 +318,23 @@ def oracle_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Seq
 
 
 def online_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Sequence[Result]) -> dict[str, Any]:
-    """Online: the router replaced answers itself. p_esc per checked tier from x-oculis-escalation-reason:
-    answer: the header names the tier that answered, so a replaced answer is taken to come from the tier
-    below it (one step; a request replaced twice counts once: a verifier that fails both the 8B's and the
-    70B's answer shows as routed to the 70B). The verifier's gradings are estimated from the answers'
-    usage: the router's answer does not carry the grading's."""
+    """Online: the router replaced answers itself. p_esc per checked tier from the router's headers:
+    x-oculis-replaced-tiers names every tier whose answer was replaced, in order (the first is the tier
+    the request was routed to); from a router without that header, x-oculis-escalation-reason: answer is
+    taken as one step from the tier below the one that answered. The verifier's gradings are estimated
+    from the answers' usage: the router's answer does not carry the grading's."""
     tiers, why, checked = _checked(route, upstreams)
     index = {t.name: i for i, t in enumerate(route.tiers)}
-    known = [r for r in results if r.tier in index]
-    routed = [max(index[r.tier] - r.answer_escalated, 0) for r in known]
+    known = [r for r in results if r.tier in index and all(t in index for t in r.replaced)]
+    chains = [[index[t] for t in r.replaced] if r.replaced else
+              ([max(index[r.tier] - 1, 0)] if r.answer_escalated else []) for r in known]
+    routed = [c[0] if c else index[r.tier] for r, c in zip(known, chains, strict=True)]
     replaced, produced = [0] * len(tiers), [0] * len(tiers)
-    for r, i in zip(known, routed, strict=True):
+    for r, chain in zip(known, chains, strict=True):
         produced[index[r.tier]] += 1  # the answer the client got
-        if r.answer_escalated:
+        for i in chain:
             replaced[i] += 1
-            produced[i] += 1  # ... and the one it replaced
+            produced[i] += 1  # ... and each one it replaced
     shown = [dataclasses.replace(t, p_esc=replaced[i] / produced[i] if i in checked and produced[i] else 0.0)
              for i, t in enumerate(tiers)]
     src = (f"measured online: {sum(replaced)} answers replaced (x-oculis-escalation-reason: answer) of "

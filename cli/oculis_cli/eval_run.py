@@ -163,7 +163,8 @@ def online_results(route: Route, items: list[core.Item], args: argparse.Namespac
                   for v in (usage.get("prompt_tokens"), usage.get("completion_tokens"))]
         return core.Result(h.get("x-oculis-tier", "?"), h.get("x-oculis-escalated") == "true",
                            core.grade(answer, item), core.grade(base, item), prompt_tokens=tokens[0],
-                           output_tokens=tokens[1], answer_escalated=h.get("x-oculis-escalation-reason") == "answer")
+                           output_tokens=tokens[1], answer_escalated=h.get("x-oculis-escalation-reason") == "answer",
+                           replaced=tuple(t for t in h.get("x-oculis-replaced-tiers", "").split(",") if t))
 
     with client, ThreadPoolExecutor(max(1, args.concurrency)) as pool:
         done = list(pool.map(one, items))

@@ -396,6 +396,7 @@ class Router:
         route = plan.route.route if plan.route else None
         # An answer a check doubted, what the headers say of it, and its tier: sent only if no later tier answers.
         doubted: tuple[JSONResponse, dict[str, str], int] | None = None
+        replaced: list[str] = []  # tiers whose answers a later one replaced (x-oculis-replaced-tiers)
         for i, up in enumerate(plan.tiers):
             t0 = time.perf_counter()
             check = answers.check_for(route, up, i, len(plan.tiers))
@@ -433,10 +434,13 @@ class Router:
                 if score is not None:
                     own["x-oculis-answer-score"] = str(score)
             hdrs.update({"x-oculis-escalation-reason": "answer", **doubted[1]} if doubted is not None else own)
+            if replaced:  # which tiers answered first: the cascade's cost (eval run) needs the whole chain
+                hdrs["x-oculis-replaced-tiers"] = ",".join(replaced)
             if low or (verifier is not None and score is not None and score < verifier.min_score):
                 reason = "low_answer_confidence" if low else "low_answer_score"
                 self.metrics.escalations.labels(route_label, reason).inc()
                 doubted = (JSONResponse(data, headers=hdrs), own, i)
+                replaced.append(plan.tier_names[i])
                 continue
             self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "ok").inc()
             if key is not None and plan.route and plan.route.store and i == 0 and rcache.storable(endpoint, data):

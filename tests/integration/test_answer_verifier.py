@@ -52,6 +52,7 @@ def test_an_answer_graded_below_the_bar_is_replaced_and_the_grading_is_billed(ro
     assert r.json()["choices"][0]["message"]["content"] == "hello from frontier"
     assert (r.headers["x-oculis-tier"], r.headers["x-oculis-escalation-reason"]) == ("complex", "answer")
     assert r.headers["x-oculis-answer-score"] == "3"  # the replaced answer's grade: why it moved
+    assert r.headers["x-oculis-replaced-tiers"] == "simple,standard"  # the whole chain, for the cascade's cost
     graded = fakes.scripts["claude"].received
     assert len(graded) == 2
     # The rubric is the system prompt (with the upstream's prompt-cache breakpoint: every grading shares it).

@@ -125,3 +125,30 @@ def test_online_eval_prices_the_verifiers_gradings_as_an_estimate_from_the_answe
     finally:
         router.terminate()
         router.wait(10)
+
+
+def test_online_eval_follows_a_chain_of_replaced_answers_to_the_tier_it_was_routed_to(
+        fakes: Fakes, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes.scripts["claude"].anthropic_text = "Score: 1"  # the 8B's and then the 70B's answer both fail
+    cfg = tmp_path / "oculis-config.yaml"
+    cfg.write_text(yaml.safe_dump(fakes.config(
+        escalation={"enabled": True, "on_low_confidence": False,
+                    "on_answer": {"verifier": {"upstream": "claude", "min_score": 7}}},
+        cache={"enabled": False})))
+    router, url, _ = start_router(cfg, tmp_path / "router.log")
+    try:
+        suite = tmp_path / "suite.jsonl"
+        suite.write_text("".join(json.dumps({"prompt": p, "expected": r"^hello from", "match": "regex"}) + "\n"
+                                 for p in ("hi", "thanks")))
+        monkeypatch.setenv("OCULIS_EVAL_KEY", "sk-client")
+        main(["eval", "run", "--route", "adaptive", "--suite", str(suite), "--url", url, "--config", str(cfg),
+              "--api-key-env", "OCULIS_EVAL_KEY", "-o", "json"])
+        casc = json.loads(capsys.readouterr().out)["cascade"]
+        # x-oculis-replaced-tiers: simple,standard: routed to the 8B tier, both answers replaced, the last kept.
+        simple, standard, complex_ = casc["tiers"]
+        assert (simple["routed_requests"], simple["p_esc"], standard["p_esc"]) == (2, 1.0, 1.0)
+        assert complex_["final_share"] == 1.0
+        assert len(fakes.scripts["claude"].received) == 4  # each request graded twice
+    finally:
+        router.terminate()
+        router.wait(10)
