@@ -21,8 +21,8 @@ last good block). One that exists but does not answer leaves the route rendered 
 answer whose grading fails), and the status reads as for a tier's upstream in that state, adding that
 answers go ungraded meanwhile: not Ready and Degraded (UpstreamNotReady), Progressing
 (UpstreamProgressing), or at zero not Ready and not Degraded (ScaledToZero, Argo's Suspended: answers
-are served but unchecked, and the router counts wake-up demand only for a route's first tier, so
-grading calls never wake it). tierStatus and upstreamsReady list the tiers only.
+are served but unchecked until it wakes; the router counts each grading it skips as wake-up demand).
+tierStatus and upstreamsReady list the tiers only.
 An upstream's `revision` is its engine hash, so the router's response cache never serves an answer
 from a replaced model. While its canary is analysed it also has `canary: {base_url, percent}`: the
 canary Service and spec.rollout.canary.trafficPercent, the share the router sends there.
@@ -442,9 +442,9 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
             via = answered_at_zero(spec.cold_start, tier_upstreams, states) if tiers_at_zero else ""
             why = [via or f"coldStart {spec.cold_start}: its tier's requests get no answer until it wakes (a request "
                    "wakes it)"] if tiers_at_zero else []
-            if verifier in zero:  # only a route's first tier counts demand: grading never wakes it
+            if verifier in zero:  # the router skips the gradings (counting them as demand, which wakes it)
                 why.append(f"the verifier {verifier} grades nothing until it wakes (answers are kept ungraded; "
-                           "grading requests do not wake it)")
+                           "each skipped grading counts as demand that wakes it)")
             verdicts[name] = verdict(
                 via is not None and verifier not in zero, "ScaledToZero",
                 f"rendered; scaled to zero: {', '.join(zero)}; " + "; ".join(why), degraded=False)

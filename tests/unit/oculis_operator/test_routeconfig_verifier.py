@@ -129,7 +129,7 @@ def test_a_verifier_that_does_not_answer_leaves_the_route_served_and_says_so() -
                                           [gu("small"), judge(conditions=[])])
     assert (coming.routes["graded"].reason, coming.routes["graded"].degraded) == ("UpstreamProgressing", False)
     assert "ungraded" in coming.routes["graded"].message and coming.routes["graded"].progressing
-    # Scaled to zero: answers are served unchecked and grading never wakes it: not Ready (Argo Suspended),
+    # Scaled to zero: answers are served unchecked until it wakes: not Ready (Argo Suspended),
     # not Degraded, even under coldStart escalate with every tier serving.
     zero = gu("judge", conditions=[{"type": "Ready", "status": "False", "reason": "ScaledToZero"}])
     at_zero = routeconfig.render_namespace([ir("graded", "small", verifier="judge", coldStart="escalate")],
