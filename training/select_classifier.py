@@ -62,7 +62,7 @@ from sklearn.model_selection import GroupKFold
 from sklearn.preprocessing import StandardScaler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import corpus
+from corpus import CorpusMissing, corpus
 from head_distill import distil, mean_pool, teacher
 from minilm_np import Bert, sentence_embeddings
 from routing_data import is_holdout, load_rows
@@ -372,4 +372,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except CorpusMissing as exc:  # the distilled candidates need WordNet: one line, not a traceback
+        sys.exit(f"select_classifier: {exc}")
