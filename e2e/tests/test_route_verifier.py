@@ -58,6 +58,9 @@ def test_a_routes_verifier_upstream_is_rendered_into_the_router_config(api: clie
     # Its verifier is not Ready (its Secret is missing): rendered all the same, the status saying so.
     unkeyed = eventually(lambda: ready_when("unkeyed", "UpstreamNotReady"), what="unkeyed UpstreamNotReady")
     assert "grumpy (SecretNotFound)" in unkeyed["message"] and "ungraded" in unkeyed["message"]
+    # The printer column counts the verifier with the tiers' upstreams: 1 of 2 answer.
+    assert eventually(lambda: custom.get_namespaced_custom_object(G, V, ns, "inferenceroutes", "unkeyed")
+                      ["status"].get("upstreamsReady") == "1/2", what="unkeyed upstreamsReady 1/2")
     # A verifier naming no GPUUpstream leaves its route out, naming it.
     ghostly = eventually(lambda: ready_when("ghostly", "UpstreamNotFound"), what="ghostly UpstreamNotFound")
     assert "no GPUUpstream named ghost (the verifier" in ghostly["message"] and "left out" in ghostly["message"]

@@ -254,7 +254,7 @@ def render_routes(kube: Kube, namespace: str, logger: kopf.Logger, sweep: bool =
             traffic = _classifier_drift(namespace, meta["name"], (route.get("spec") or {}).get("classifierDrift"),
                                         conds)
             watched = watched or (route.get("spec") or {}).get("classifierDrift") is not None
-            up = {t["upstream"]: t["ready"] for t in verdict.tier_status}
+            up = verdict.named_ready  # the tiers' upstreams and the verifier's
             new = {"observedGeneration": meta.get("generation", 1), "conditions": conds.items, "tiers": verdict.tiers,
                    "tierStatus": verdict.tier_status, "strategy": verdict.strategy or None,
                    "upstreamsReady": f"{sum(up.values())}/{len(up)}" if up else None,

@@ -22,7 +22,7 @@ answer whose grading fails), and the status reads as for a tier's upstream in th
 answers go ungraded meanwhile: not Ready and Degraded (UpstreamNotReady), Progressing
 (UpstreamProgressing), or at zero not Ready and not Degraded (ScaledToZero, Argo's Suspended: answers
 are served but unchecked until it wakes; the router counts each grading it skips as wake-up demand).
-tierStatus and upstreamsReady list the tiers only.
+tierStatus lists the tiers; upstreamsReady counts the verifier too.
 An upstream's `revision` is its engine hash, so the router's response cache never serves an answer
 from a replaced model. While its canary is analysed it also has `canary: {base_url, percent}`: the
 canary Service and spec.rollout.canary.trafficPercent, the share the router sends there.
@@ -79,6 +79,9 @@ class RouteVerdict:
     progressing: str = ""  # why it is moving (an upstream rolling or being created); "" when settled
     tier_status: list[dict[str, Any]] = field(default_factory=list)  # [{name, upstream, ready}]
     strategy: str = ""
+    # Every upstream the route names (route_upstreams: its tiers' and its verifier's) -> answers:
+    # status.upstreamsReady counts these, so a verifier that does not answer is not hidden behind 1/1.
+    named_ready: dict[str, bool] = field(default_factory=dict)
 
 
 # An upstream as a route's tier sees it (`upstream_state`).
@@ -353,11 +356,13 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
         tiers = ", ".join(f"{t.name}->{t.upstream}" for t in spec.tiers)
         tier_status = [{"name": t.name, "upstream": t.upstream,
                         "ready": upstream_state(by_name.get(t.upstream)) == READY} for t in spec.tiers]
+        named_ready = {u: upstream_state(by_name.get(u)) == READY for u in route_upstreams(spec)}
 
         def verdict(ready_: bool, reason: str, message: str, degraded: bool = True, progressing: str = "",
                     tiers: str = tiers, tier_status: list[dict[str, Any]] = tier_status,
-                    strategy: str = spec.strategy) -> RouteVerdict:
-            return RouteVerdict(ready_, reason, message, tiers, degraded, progressing, tier_status, strategy)
+                    strategy: str = spec.strategy, named_ready: dict[str, bool] = named_ready) -> RouteVerdict:
+            return RouteVerdict(ready_, reason, message, tiers, degraded, progressing, tier_status, strategy,
+                                named_ready)
         if not re.fullmatch(NAME_PATTERN, name):  # a valid object name can still have dots
             verdicts[name] = verdict(
                 False, "InvalidName",
@@ -479,7 +484,7 @@ def render_namespace(routes: list[dict[str, Any]], upstreams: list[dict[str, Any
             before = verdicts[r["name"]]
             verdicts[r["name"]] = RouteVerdict(
                 False, "InvalidRouterConfig", f"{one_line(exc)}; {LEFT_OUT}", before.tiers,
-                tier_status=before.tier_status, strategy=before.strategy)
+                tier_status=before.tier_status, strategy=before.strategy, named_ready=before.named_ready)
         doc, secrets = EMPTY, []
     data = {CONFIG_KEY: yaml.safe_dump(doc, sort_keys=False), SECRETS_KEY: json.dumps(secrets, indent=1)}
     return Rendered(data, data_digest(data), verdicts, owner_references(routes))

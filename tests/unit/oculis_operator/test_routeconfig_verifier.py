@@ -123,6 +123,8 @@ def test_a_verifier_that_does_not_answer_leaves_the_route_served_and_says_so() -
     assert (verdict.ready, verdict.degraded, verdict.reason) == (False, True, "UpstreamNotReady")
     assert verdict.message == ("rendered, but not Ready yet: judge (SecretNotFound); until the verifier judge "
                                "answers, answers are kept ungraded")
+    # status.upstreamsReady counts the verifier with the tiers: 1/2, not a 1/1 beside Ready=False.
+    assert verdict.named_ready == {"small": True, "judge": False}
     assert [t["ready"] for t in verdict.tier_status] == [True]
     # Still coming up: Progressing, not Degraded.
     coming = routeconfig.render_namespace([ir("graded", "small", verifier="judge")],
