@@ -35,7 +35,7 @@ from typing import Any
 
 from oculis import Pricing, Route
 from oculis.router import Upstream
-from oculis_router.answer_check import SELF_HOSTED, grading_overhead_tokens, replaceable, verifier_for
+from oculis_router.answer_check import SELF_HOSTED, Grading, replaceable, verifier_for
 from oculis_router.usage import Usage, cost_dollars
 
 VERIFIER_WHY = ("$0: the logprob check reads the logprobs the engine returns with its answer (no extra call); "
@@ -47,22 +47,12 @@ FORMULA = "cascade(i) = attempt(i) + verifier(i) + p_esc(i) x cascade(i+1); rout
 
 
 @dataclass(frozen=True)
-class Grader:
-    """The route's verifier as the router calls it for one tier's answers (answer_check.grading_request)."""
-
-    upstream: str
-    pricing: Pricing | None  # None: the upstream is not in the config
-    overhead_tokens: int  # rubric and template: answer_check.grading_overhead_tokens
-    max_tokens: int  # the verifier's answer, taken at its limit
-
-
-@dataclass(frozen=True)
 class Tier:
     name: str
     upstream: str
     pricing: Pricing | None  # None: the upstream is not in the config
     p_esc: float = 0.0  # share of this tier's answers replaced by the next tier's; 0 on the last tier
-    grader: Grader | None = None  # the verifier that grades this tier's answers; None: no extra call
+    grader: Grading | None = None  # the verifier that grades this tier's answers; None: no extra call
 
 
 @dataclass(frozen=True)
@@ -93,11 +83,7 @@ def attempt(t: Tier, r: Request) -> float:
 def grading(t: Tier, r: Request) -> float:
     """verifier(i): the grading of tier t's answer(s) to the request(s): the conversation and the
     answer plus the rubric and template in, max_tokens out, per request (r.count of them)."""
-    g = t.grader
-    if g is None or g.pricing is None:
-        return 0.0
-    return cost_dollars(g.pricing, Usage(round(r.prompt_tokens + r.output_tokens + g.overhead_tokens * r.count),
-                                         round(g.max_tokens * r.count), 0, 0))
+    return 0.0 if t.grader is None else t.grader.cost(r.prompt_tokens, r.output_tokens, r.count)
 
 
 def p_of(tiers: Sequence[Tier], r: Request, i: int) -> float:
@@ -246,14 +232,10 @@ def tiers_for(route: Route, upstreams: Mapping[str, Upstream], p: float | None, 
         if reason is not None and i + 1 < n:
             why[t.name] = reason
         v = verifier_for(route, i, n) if up is not None else None  # no answer from a missing upstream to grade
-        grader = None if v is None else Grader(v.upstream, _pricing(upstreams.get(v.upstream)),
-                                               grading_overhead_tokens(v), v.max_tokens)
-        tiers.append(Tier(t.name, t.upstream, _pricing(up), p if reason is None and p is not None else 0.0, grader))
+        grader = None if v is None else Grading.of(v, upstreams.get(v.upstream))
+        tiers.append(Tier(t.name, t.upstream, up.pricing if up is not None else None,
+                          p if reason is None and p is not None else 0.0, grader))
     return tiers, why
-
-
-def _pricing(up: Upstream | None) -> Pricing | None:
-    return up.pricing if up is not None else None
 
 
 def resolve_rate(route: Route, measured: float | None, measured_what: str, flag: float | None

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
-from oculis.router import AnswerCheck, Route, Upstream, Verifier
+from oculis.router import AnswerCheck, Pricing, Route, Upstream, Verifier
+from oculis_router.usage import Usage, cost_dollars
 
 SELF_HOSTED = ("vllm", "openai-compatible")
 STREAM_FIELDS = ("stream", "stream_options")
@@ -56,6 +58,30 @@ GRADE_TEMPLATE = "Conversation:\n{conversation}\n\nAnswer to grade:\n{answer}"
 # limiter's dollar reservation, an upper estimate (about 3 characters a token, plus the chat template).
 def grading_overhead_tokens(v: Verifier) -> int:
     return len(v.rubric) // 3 + len(GRADE_TEMPLATE) // 3 + 32
+
+
+@dataclass(frozen=True)
+class Grading:
+    """One verifier call grading one answer, as `grading_request` makes it: at the verifier upstream's
+    price, the conversation and the answer plus the rubric and template in, up to max_tokens out. The
+    limiter's dollar reservation and the cascade cost (oculis route analyze, eval run) both price it
+    with `cost`: one formula."""
+
+    upstream: str
+    pricing: Pricing | None  # None: the upstream is not in the config
+    overhead_tokens: int  # rubric and template: grading_overhead_tokens
+    max_tokens: int  # the verifier's answer, taken at its limit
+
+    @classmethod
+    def of(cls, v: Verifier, up: Upstream | None) -> Grading:
+        return cls(v.upstream, up.pricing if up is not None else None, grading_overhead_tokens(v), v.max_tokens)
+
+    def cost(self, prompt_tokens: float, output_tokens: float, count: float = 1.0) -> float:
+        """Dollars for grading `count` answers with these prompt and output tokens in all."""
+        if self.pricing is None:
+            return 0.0
+        return cost_dollars(self.pricing, Usage(round(prompt_tokens + output_tokens + self.overhead_tokens * count),
+                                                round(self.max_tokens * count), 0, 0))
 
 
 def _text_of(content: Any) -> str:

@@ -30,7 +30,7 @@ from oculis_router.decisionlog import DecisionSink
 from oculis_router.decisionlog import entry as decision_entry
 from oculis_router.errors import APIError, bad_request
 from oculis_router.inbound import HeaderLimit, check_body, check_client_key, disconnected, read_body, tenant_of
-from oculis_router.limits import Grading, identity_of
+from oculis_router.limits import identity_of
 from oculis_router.limits_store import Hold
 from oculis_router.metrics import Metrics
 from oculis_router.providers import refusal, relayed_headers
@@ -281,15 +281,14 @@ class Router:
             return INTERNAL.response()
 
     @staticmethod
-    def chains(plan: Plan) -> tuple[list[bool], list[Grading | None]]:
+    def chains(plan: Plan) -> tuple[list[bool], list[answers.Grading | None]]:
         """Per tier: may its answer be replaced by the next one's, and what grading it costs (for the
         limiter's dollar reservation)."""
         route, n = (plan.route.route if plan.route else None), len(plan.tiers)
-        graded: list[Grading | None] = []
+        graded: list[answers.Grading | None] = []
         for i in range(n):
             v = answers.verifier_for(route, i, n)
-            graded.append(None if v is None or plan.verifier is None
-                          else (plan.verifier.pricing, answers.grading_overhead_tokens(v), v.max_tokens))
+            graded.append(None if v is None or plan.verifier is None else answers.Grading.of(v, plan.verifier))
         return [answers.replaceable(route, u, i, n) for i, u in enumerate(plan.tiers)], graded
 
     async def _grade(self, v: Verifier, plan: Plan, body: dict[str, Any], data: dict[str, Any], endpoint: str,

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from starlette.responses import JSONResponse
 
 from oculis.router import Budget, LimitMatch, LimitOverride, Limits, Pricing, Route, ServerSettings
+from oculis_router.answer_check import Grading
 from oculis_router.errors import APIError
 from oculis_router.usage import Usage, cost_dollars
 
@@ -206,11 +207,6 @@ def max_completion_of(body: Mapping[str, Any], default: int) -> int:
     return default
 
 
-# A verifier's grading of one answer: its price, the prompt tokens it adds to the conversation and
-# the answer (rubric, template), and its answer limit.
-Grading = tuple[Pricing, int, int]
-
-
 def worst_cost(prices: Sequence[Pricing], prompt: int, completion: int,
                replaceable: Sequence[bool] = (), graded: Sequence[Grading | None] = ()) -> float:
     """The most `prompt` + `completion` tokens can cost on these tiers (in attempt order): every prompt
@@ -222,7 +218,7 @@ def worst_cost(prices: Sequence[Pricing], prompt: int, completion: int,
     each = [max(cost_dollars(p, plain), cost_dollars(p, written)) for p in prices]
     for i, g in enumerate(graded[:len(each)]):
         if g is not None:
-            each[i] += cost_dollars(g[0], Usage(prompt + completion + g[1], g[2], 0, 0))
+            each[i] += g.cost(prompt, completion)
     worst = 0.0
     for start in range(len(each)):
         total, i = each[start], start

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from oculis.router import Pricing, Route, ServerSettings
 from oculis_router import limits as L
+from oculis_router.answer_check import Grading
 from oculis_router.cache import drop_idle
 from oculis_router.usage import Usage
 
@@ -289,7 +290,7 @@ class Limiter:
 
     async def admit(self, server: ServerSettings, route: Route | None, route_label: str, who: L.Identity,
                     body: Mapping[str, Any], prompt_tokens: int | None, prices: Sequence[Pricing],
-                    replaceable: Sequence[bool] = (), graded: Sequence[L.Grading | None] = ()) -> Hold | None:
+                    replaceable: Sequence[bool] = (), graded: Sequence[Grading | None] = ()) -> Hold | None:
         """A hold to settle at the request's end, None when no limit applies; raises the 429.
         `prompt_tokens`: the classifier's count, when the request was classified (else estimated here);
         `replaceable[i]`: tier i's answer may be replaced by the next one's, so both are billed;

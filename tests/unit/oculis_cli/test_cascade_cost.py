@@ -9,10 +9,10 @@ import pytest
 from oculis import Pricing, load_config
 from oculis.router import AnswerCheck, Route, Verifier
 from oculis_cli import cascade
-from oculis_cli.cascade import Grader, Request, Tier
+from oculis_cli.cascade import Request, Tier
 from oculis_cli.cost_core import Counters
 from oculis_cli.route_window_core import window_cascade
-from oculis_router.answer_check import grading_overhead_tokens
+from oculis_router.answer_check import Grading, grading_overhead_tokens
 from oculis_router.usage import Usage, cost_dollars
 
 SEED = Path(__file__).resolve().parents[3] / "examples" / "oculis-config.yaml"
@@ -94,7 +94,7 @@ JUDGE = Pricing(input_per_mtok=3, output_per_mtok=15)
 
 def test_a_verifier_grading_is_priced_per_request_on_the_answer_it_grades_plus_the_rubric() -> None:
     # Tier a (cheap) is graded by "judge" (100 rubric/template tokens, max_tokens 8); b is the last tier.
-    g = Grader("judge", JUDGE, 100, 8)
+    g = Grading("judge", JUDGE, 100, 8)
     tiers = [Tier("a", "up-a", CHEAP, 0.25, g), Tier("b", "up-b", STRONG, 0.0, g)]
     r = Request(0, 1000, 500)
     # attempt(a) = (1000 x 1 + 500 x 2) / 1e6 = 0.002; grading = ((1000 + 500 + 100) x 3 + 8 x 15) / 1e6 = 0.00492;
@@ -114,7 +114,7 @@ def test_a_verifier_grading_is_priced_per_request_on_the_answer_it_grades_plus_t
 
 
 def test_the_verifier_total_weights_each_tiers_grading_by_the_share_that_reaches_it() -> None:
-    g = Grader("judge", JUDGE, 100, 8)
+    g = Grading("judge", JUDGE, 100, 8)
     tiers = [Tier("a", "up-a", CHEAP, 0.5, g), Tier("b", "up-b", MID, 0.5, g), Tier("c", "up-c", STRONG, 0.0, g)]
     r = Request(0, 1000, 500)
     rep = cascade.report(tiers, [r], "test", "test")
@@ -125,7 +125,7 @@ def test_the_verifier_total_weights_each_tiers_grading_by_the_share_that_reaches
 
 
 def test_an_unpriced_verifier_upstream_is_named_like_an_unpriced_tier() -> None:
-    for free in (Grader("judge", Pricing(), 100, 8), Grader("judge", None, 100, 8)):
+    for free in (Grading("judge", Pricing(), 100, 8), Grading("judge", None, 100, 8)):
         tiers = [Tier("a", "up-a", CHEAP, 0.2, free), Tier("b", "up-b", STRONG)]
         rep = cascade.report(tiers, [Request(0, 1000, 500)], "test", "test")
         assert rep["unpriced"] == ["judge"] and "judge" in rep["unpriced_note"]
@@ -144,7 +144,7 @@ def test_a_hosted_tier_is_checked_when_the_route_has_a_verifier_and_each_checked
     assert [t.p_esc for t in tiers] == [0.3, 0.3, 0.0] and why == {}
     assert graded.escalation.on_answer is not None and graded.escalation.on_answer.verifier is not None
     v = graded.escalation.on_answer.verifier
-    want = Grader("openai-gpt4o", UPSTREAMS["openai-gpt4o"].pricing, grading_overhead_tokens(v), 8)
+    want = Grading("openai-gpt4o", UPSTREAMS["openai-gpt4o"].pricing, grading_overhead_tokens(v), 8)
     assert [t.grader for t in tiers] == [want, want, None]
     # The logprob check alone leaves the hosted tier unchecked and adds no verifier.
     logprob_only = ROUTE.model_copy(update={"escalation": ROUTE.escalation.model_copy(

@@ -68,6 +68,6 @@ def test_a_grading_is_part_of_the_worst_case_dollars() -> None:
     cheap, dear, judge = Pricing(input_per_mtok=1, output_per_mtok=1), Pricing(input_per_mtok=10, output_per_mtok=10), \
         Pricing(input_per_mtok=100, output_per_mtok=100)
     plain = worst_cost([cheap, dear], 1000, 1000, [True, False])
-    graded = worst_cost([cheap, dear], 1000, 1000, [True, False], [(judge, 100, 8), None])
+    graded = worst_cost([cheap, dear], 1000, 1000, [True, False], [answers.Grading("judge", judge, 100, 8), None])
     # the grading reads prompt + answer + 100 overhead tokens and writes at most 8
     assert graded - plain == pytest.approx((2100 * 100 + 8 * 100) / 1e6)
