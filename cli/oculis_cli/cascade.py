@@ -35,14 +35,12 @@ from typing import Any
 
 from oculis import Pricing, Route
 from oculis.router import Upstream
-from oculis_router.answer_check import SELF_HOSTED, Grading, replaceable, verifier_for
+from oculis_router.answer_check import ANSWER_REASONS, SELF_HOSTED, Grading, replaceable, verifier_for
 from oculis_router.usage import Usage, cost_dollars
 
 VERIFIER_WHY = ("$0: the logprob check reads the logprobs the engine returns with its answer (no extra call); "
                 "the route has no escalation.on_answer.verifier")
 DEFAULT_OUTPUT_TOKENS = 256  # an answer's assumed length where none is measured (the online --max-tokens default)
-# The escalation reasons of a replaced answer: the logprob check's and the verifier's.
-ANSWER_REASONS = ("low_answer_confidence", "low_answer_score")
 FORMULA = "cascade(i) = attempt(i) + verifier(i) + p_esc(i) x cascade(i+1); routed-only = attempt(routed tier)"
 
 

@@ -21,6 +21,9 @@ from oculis.router import AnswerCheck, Pricing, Route, Upstream, Verifier
 from oculis_router.usage import Usage, cost_dollars
 
 SELF_HOSTED = ("vllm", "openai-compatible")
+# oculis_escalations_total{reason} of a replaced answer: by the logprob check, by the verifier
+LOW_LOGPROB, LOW_SCORE = "low_answer_confidence", "low_answer_score"
+ANSWER_REASONS = (LOW_LOGPROB, LOW_SCORE)
 STREAM_FIELDS = ("stream", "stream_options")
 
 

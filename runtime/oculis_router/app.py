@@ -436,7 +436,7 @@ class Router:
             if replaced:  # which tiers answered first: the cascade's cost (eval run) needs the whole chain
                 hdrs["x-oculis-replaced-tiers"] = ",".join(replaced)
             if low or (verifier is not None and score is not None and score < verifier.min_score):
-                reason = "low_answer_confidence" if low else "low_answer_score"
+                reason = answers.LOW_LOGPROB if low else answers.LOW_SCORE
                 self.metrics.escalations.labels(route_label, reason).inc()
                 doubted = (JSONResponse(data, headers=hdrs), own, i)
                 replaced.append(plan.tier_names[i])
