@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oculis.router import AnswerCheck, Pricing, Route, Upstream, Verifier
+from oculis_router.classify import content_text
 from oculis_router.usage import Usage, cost_dollars
 
 SELF_HOSTED = ("vllm", "openai-compatible")
@@ -87,23 +88,10 @@ class Grading:
                                                 round(self.max_tokens * count), 0, 0))
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # parts: text kept, media named
-        out = []
-        for part in content:
-            if isinstance(part, dict):
-                kind = part.get("type")
-                out.append(str(part.get("text", "")) if kind == "text" else f"[{kind}]")
-        return "\n".join(out)
-    return ""
-
-
 def conversation_text(body: dict[str, Any], endpoint: str) -> str:
     """The request as the verifier reads it: `role: text` per message, or the prompt."""
     if endpoint == "chat":
-        lines = [f"{m.get('role', 'user')}: {_text_of(m.get('content'))}"
+        lines = [f"{m.get('role', 'user')}: {content_text(m.get('content'), name_media=True)}"
                  for m in body.get("messages") or [] if isinstance(m, dict)]
         text = "\n".join(lines)
     else:
@@ -119,7 +107,8 @@ def answer_text(data: dict[str, Any], endpoint: str) -> str | None:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None
     c = choices[0]
-    text = _text_of((c.get("message") or {}).get("content")) if endpoint == "chat" else c.get("text")
+    message = c.get("message") or {}
+    text = content_text(message.get("content"), name_media=True) if endpoint == "chat" else c.get("text")
     return text[-MAX_GRADED_CHARS:] if isinstance(text, str) and text.strip() else None
 
 

@@ -244,14 +244,24 @@ def media_parts(messages: list[dict[str, Any]]) -> int:
                for p in m["content"] if isinstance(p, dict) and p.get("type") in MEDIA_PARTS)
 
 
-def content_text(content: Any) -> str:
+def content_text(content: Any, name_media: bool = False) -> str:
     """OpenAI content is a string or a list of parts; only text parts count (a part whose `text` is
-    not a string has none: scoring is no place to refuse a request, and a TypeError here was a 500)."""
+    not a string has none: scoring is no place to refuse a request, and a TypeError here was a 500).
+    `name_media`: every other part is named in its place as `[type]` (for a reader told what is there:
+    the answer verifier)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(t for p in content if isinstance(p, dict) and p.get("type") == "text"
-                         and isinstance(t := p.get("text"), str))
+        out = []
+        for p in content:
+            if not isinstance(p, dict):
+                continue
+            if p.get("type") == "text":
+                if isinstance(t := p.get("text"), str):
+                    out.append(t)
+            elif name_media:
+                out.append(f"[{p.get('type')}]")
+        return "\n".join(out)
     return ""
 
 
