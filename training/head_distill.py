@@ -31,10 +31,11 @@ F = NDArray[np.float64]
 TEACHER_C = 1.0  # the contextual candidates' C in select_classifier.py
 
 
-def teacher(ctx: F, y: NDArray[np.int64], c: float = TEACHER_C) -> Callable[[F], F]:
-    """Logistic regression on standardised contextual embeddings; returns its logit."""
-    scaler = StandardScaler().fit(ctx)
-    lr = LogisticRegression(C=c, max_iter=5000).fit(scaler.transform(ctx), y)
+def logistic_logit(x: F, y: NDArray[np.int64], c: float = TEACHER_C) -> Callable[[F], F]:
+    """Logistic regression on standardised features; returns its logit. The teacher is this on
+    MiniLM's contextual embeddings (and select_classifier's other candidates on their own features)."""
+    scaler = StandardScaler().fit(x)
+    lr = LogisticRegression(C=c, max_iter=5000).fit(scaler.transform(x), y)
 
     def logit(x: F) -> F:
         out: F = lr.decision_function(scaler.transform(x))

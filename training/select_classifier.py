@@ -57,13 +57,11 @@ import scipy.sparse as sp
 from numpy.typing import NDArray
 from scipy.linalg import solve
 from sklearn.decomposition import PCA
-from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GroupKFold
-from sklearn.preprocessing import StandardScaler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import CorpusMissing, corpus
-from head_distill import distil, mean_pool, teacher
+from head_distill import distil, logistic_logit, mean_pool
 from minilm_np import Bert, sentence_embeddings
 from routing_data import is_holdout, load_rows
 from routing_eval import apgr
@@ -149,9 +147,7 @@ Fit = Callable[[Data, Idx, Idx], F]
 
 
 def blended(d: Data, tr: Idx, te: Idx, feats: F, c: float, blend: float) -> F:
-    scaler = StandardScaler().fit(feats[tr])
-    lr = LogisticRegression(C=c, max_iter=5000).fit(scaler.transform(feats[tr]), d.y[tr])
-    return with_length(d, tr, te, lr.decision_function(scaler.transform(feats)), blend)
+    return with_length(d, tr, te, logistic_logit(feats[tr], d.y[tr], c)(feats), blend)
 
 
 def with_length(d: Data, tr: Idx, te: Idx, logit: F, blend: float) -> F:
@@ -162,10 +158,19 @@ def with_length(d: Data, tr: Idx, te: Idx, logit: F, blend: float) -> F:
     return out
 
 
-def current(d: Data, tr: Idx, te: Idx) -> F:
+def current_logit(d: Data, tr: Idx) -> Callable[[F], F]:
+    """The current recipe's head fitted on rows `tr`: pooled static vectors -> PCA 32 -> logit (C=0.1)."""
     mean_emb = np.asarray(d.A @ d.static)
     pca = PCA(32, random_state=0, svd_solver="full").fit(mean_emb[tr])
-    return blended(d, tr, te, pca.transform(mean_emb), 0.1, 0.3)
+    logit = logistic_logit(pca.transform(mean_emb[tr]), d.y[tr], 0.1)
+
+    def of(pooled: F) -> F:
+        return logit(pca.transform(pooled))
+    return of
+
+
+def current(d: Data, tr: Idx, te: Idx) -> F:
+    return with_length(d, tr, te, current_logit(d, tr)(np.asarray(d.A @ d.static)), 0.3)
 
 
 def static_l2(c: float, blend: float) -> Fit:
@@ -213,14 +218,14 @@ def contextual(c: float, blend: float) -> Fit:
     return fit
 
 
-def distilled_logits(d: Data, tr: Idx, damp: float) -> tuple[F, F, F]:
+def distilled_logits(d: Data, tr: Idx, damp: float) -> tuple[F, F, Callable[[F], F]]:
     """The distilled head fitted on rows `tr` (and the corpus' fit part): its logit on every row and
-    on the corpus' probe part, and the teacher's logit there."""
+    on the corpus' probe part, and the teacher it was fitted to."""
     pool, ctx, fit, probe = d.corpus
-    logit_of = teacher(d.ctx[tr], d.y[tr])
+    teacher = logistic_logit(d.ctx[tr], d.y[tr])
     a = sp.vstack([d.A[tr], pool[fit]]).tocsr()
-    w, b = distil(a, np.concatenate([logit_of(d.ctx[tr]), logit_of(ctx[fit])]), d.static, damp)
-    return np.asarray(d.A @ w) + b, np.asarray(pool[probe] @ w) + b, logit_of(ctx[probe])
+    w, b = distil(a, np.concatenate([teacher(d.ctx[tr]), teacher(ctx[fit])]), d.static, damp)
+    return np.asarray(d.A @ w) + b, np.asarray(pool[probe] @ w) + b, teacher
 
 
 def distilled(damp: float, blend: float) -> Fit:
@@ -234,19 +239,16 @@ def agreement(d: Data, damp: float) -> None:
     subjects' prompts (grouped folds of dev) and on the corpus' probe part (no fit saw it), for the
     current head's logit and the distilled head's."""
     from scipy.stats import spearmanr
-    pool, _, _, probe = d.corpus
+    pool, ctx, _, probe = d.corpus
     dev = np.nonzero(~d.hold)[0]
     out: dict[str, list[tuple[float, float]]] = {"current": [], f"distilled d{damp}": []}
     mean_emb, probe_emb = np.asarray(d.A @ d.static), np.asarray(pool[probe] @ d.static)
     for tr, te in GroupKFold(n_splits=FOLDS).split(dev, groups=d.groups[dev]):
         tr, te = dev[tr], dev[te]
-        rows, probe_logit, teacher_probe = distilled_logits(d, tr, damp)
-        teacher_rows = teacher(d.ctx[tr], d.y[tr])(d.ctx[te])
-        pca = PCA(32, random_state=0, svd_solver="full").fit(mean_emb[tr])
-        scaler = StandardScaler().fit(pca.transform(mean_emb[tr]))
-        lr = LogisticRegression(C=0.1, max_iter=5000).fit(scaler.transform(pca.transform(mean_emb[tr])), d.y[tr])
-        cur_rows = lr.decision_function(scaler.transform(pca.transform(mean_emb[te])))
-        cur_probe = lr.decision_function(scaler.transform(pca.transform(probe_emb)))
+        rows, probe_logit, teacher = distilled_logits(d, tr, damp)
+        teacher_rows, teacher_probe = teacher(d.ctx[te]), teacher(ctx[probe])
+        cur = current_logit(d, tr)
+        cur_rows, cur_probe = cur(mean_emb[te]), cur(probe_emb)
         out["current"].append((spearmanr(cur_rows, teacher_rows)[0], spearmanr(cur_probe, teacher_probe)[0]))
         out[f"distilled d{damp}"].append((spearmanr(rows[te], teacher_rows)[0],
                                           spearmanr(probe_logit, teacher_probe)[0]))

@@ -44,12 +44,12 @@ def test_mean_pool_averages_each_texts_pieces() -> None:
 
 
 def test_the_teacher_is_a_logit_that_ranks_the_labelled_direction() -> None:
-    from head_distill import teacher
+    from head_distill import logistic_logit
 
     rng = np.random.default_rng(1)
     x = rng.normal(size=(500, 8))
     y = (x[:, 0] + 0.3 * rng.normal(size=500) > 0).astype(np.int64)
-    logit = teacher(x, y)(x)
+    logit = logistic_logit(x, y)(x)
     assert np.corrcoef(logit, x[:, 0])[0, 1] > 0.9
 
 
