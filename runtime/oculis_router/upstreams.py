@@ -77,6 +77,28 @@ def at_revision(up: Upstream, rev: Revision) -> Upstream:
     return up.model_copy(update={"base_url": up.canary.base_url})
 
 
+Request = tuple[str, dict[str, str], dict[str, Any]]  # url, headers, payload (a provider's build_request)
+
+
+class Revisions:
+    """The attempts of one call to `up`: the first goes to the revision the draw picked, every retry to
+    stable; each revision's request is built once. `extra`: attempts on top of the retry budget (a
+    canary's failed attempt is retried on stable)."""
+
+    def __init__(self, up: Upstream, endpoint: str, body: dict[str, Any], draw: float) -> None:
+        prov = provider_of(up)
+        self.first: Revision = revision(up, draw)
+        self._calls: dict[Revision, Request] = {rev: prov.build_request(at_revision(up, rev), endpoint, body)
+                                                for rev in dict.fromkeys((self.first, "stable"))}
+        self._tried = 0
+        self.extra = int(self.first == "canary")
+
+    def next(self) -> tuple[Revision, Request]:
+        rev: Revision = "stable" if self._tried else self.first
+        self._tried += 1
+        return rev, self._calls[rev]
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What to do after one failed attempt, and what the client gets if no tier can answer."""
@@ -371,15 +393,11 @@ class Caller:
         if why := missing_key(up):
             raise UpstreamFailed(why)
         prov = provider_of(up)
-        first_rev, tried = revision(up, self.draw()), list[Revision]()
-        calls = {rev: prov.build_request(at_revision(up, rev), endpoint, body)
-                 for rev in dict.fromkeys((first_rev, "stable"))}  # each revision's request built once
+        revs = Revisions(up, endpoint, body, self.draw())
         lim = limits(up, at.timeouts)
 
         async def once() -> dict[str, Any]:
-            rev: Revision = "stable" if tried else first_rev  # every retry goes to the stable revision
-            tried.append(rev)
-            url, headers, payload = calls[rev]
+            rev, (url, headers, payload) = revs.next()
             try:
                 first_byte = asyncio.timeout(lim.first_byte)
                 try:
@@ -426,7 +444,7 @@ class Caller:
                 headers_out[REVISION_HEADER] = rev
             return data
 
-        return await self._with_retries(up, once, at, extra=int(first_rev == "canary"))
+        return await self._with_retries(up, once, at, extra=revs.extra)
 
     async def open_stream(self, up: Upstream, endpoint: str, body: dict[str, Any],
                           at: Attempt | None = None) -> tuple[Stream, Any]:
@@ -435,16 +453,11 @@ class Caller:
         at = at or Attempt()
         if why := missing_key(up):
             raise UpstreamFailed(why)
-        prov = provider_of(up)
-        first_rev, tried = revision(up, self.draw()), list[Revision]()
-        calls = {rev: prov.build_request(at_revision(up, rev), endpoint, body)
-                 for rev in dict.fromkeys((first_rev, "stable"))}  # each revision's request built once
+        revs = Revisions(up, endpoint, body, self.draw())
         lim = limits(up, at.timeouts)
 
         async def once() -> tuple[Stream, Any]:
-            rev: Revision = "stable" if tried else first_rev  # every retry goes to the stable revision
-            tried.append(rev)
-            url, headers, payload = calls[rev]
+            rev, (url, headers, payload) = revs.next()
             resp: aiohttp.ClientResponse | None = None
             first_byte = asyncio.timeout(lim.first_byte)
             try:
@@ -472,4 +485,4 @@ class Caller:
             translator = anthropic.StreamTranslator() if up.provider == "anthropic" else None
             return Stream(resp, first, lim.idle, rev), translator
 
-        return await self._with_retries(up, once, at, extra=int(first_rev == "canary"))
+        return await self._with_retries(up, once, at, extra=revs.extra)
