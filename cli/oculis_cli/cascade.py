@@ -218,6 +218,12 @@ def unchecked_reason(route: Route, up: Upstream | None, i: int, what_if: bool) -
     return f"{up.provider} is hosted: not asked for logprobs, and the route has no verifier"
 
 
+def checked_tiers(route: Route, upstreams: Mapping[str, Upstream], what_if: bool) -> set[int]:
+    """The indices of the tiers whose answers the router checks (unchecked_reason is None)."""
+    return {i for i, t in enumerate(route.tiers)
+            if unchecked_reason(route, upstreams.get(t.upstream), i, what_if) is None}
+
+
 def tiers_for(route: Route, upstreams: Mapping[str, Upstream], p: float | None, what_if: bool
               ) -> tuple[list[Tier], dict[str, str]]:
     """The route's tiers with p_esc = p on each tier the router checks (0 elsewhere), the verifier

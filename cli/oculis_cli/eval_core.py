@@ -267,8 +267,7 @@ def _checked(route: Route, upstreams: Mapping[str, Upstream]) -> tuple[list[casc
     without escalation.on_answer is judged as if it had it (the suite asks what it would do)."""
     what_if = route.escalation.on_answer is None
     tiers, why = cascade.tiers_for(route, upstreams, 1.0, what_if)
-    checked = {i for i, t in enumerate(tiers) if t.p_esc > 0}
-    return tiers, why, checked
+    return tiers, why, cascade.checked_tiers(route, upstreams, what_if)
 
 
 def oracle_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Sequence[Result], output_tokens: int

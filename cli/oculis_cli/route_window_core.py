@@ -123,8 +123,7 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
 def window_cascade(route: Route, upstreams: dict[str, Upstream], c: Counters, rate: float | None) -> dict[str, Any]:
     """Routed-only vs cascade cost over the window's tier split and tokens. p_esc: measured in the
     window when the route checks answers and they produced any, else `rate` (the flag), else 0."""
-    checked = {t.name for i, t in enumerate(route.tiers)
-               if cascade.unchecked_reason(route, upstreams.get(t.upstream), i, False) is None}
+    checked = {route.tiers[i].name for i in cascade.checked_tiers(route, upstreams, False)}
     measured, what = cascade.window_rate(route, checked, c.requests, c.escalations) if checked else (None, "")
     p, what_if, source = cascade.resolve_rate(route, measured, what, rate)
     tiers, why = cascade.tiers_for(route, upstreams, p, what_if)
