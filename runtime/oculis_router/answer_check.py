@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oculis.router import AnswerCheck, Pricing, Route, Upstream, Verifier
-from oculis_router.classify import content_text
+from oculis_router.content import content_text
 from oculis_router.usage import Usage, cost_dollars
 
 SELF_HOSTED = ("vllm", "openai-compatible")

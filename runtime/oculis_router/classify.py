@@ -32,6 +32,8 @@ from cachetools import TTLCache
 from numpy.typing import NDArray
 from tokenizers import Tokenizer
 
+from oculis_router.content import content_text
+
 DEFAULT_MODEL = "oculis-minilm-static-v1"
 # Bounds on work per prompt: tokenisation is linear in text length, so very long prompts are cut
 # (the length signal still sees an estimate of the whole prompt).
@@ -242,27 +244,6 @@ def media_parts(messages: list[dict[str, Any]]) -> int:
     """Content parts of the conversation the classifier cannot read."""
     return sum(1 for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
                for p in m["content"] if isinstance(p, dict) and p.get("type") in MEDIA_PARTS)
-
-
-def content_text(content: Any, name_media: bool = False) -> str:
-    """OpenAI content is a string or a list of parts; only text parts count (a part whose `text` is
-    not a string has none: scoring is no place to refuse a request, and a TypeError here was a 500).
-    `name_media`: every other part is named in its place as `[type]` (for a reader told what is there:
-    the answer verifier)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        out = []
-        for p in content:
-            if not isinstance(p, dict):
-                continue
-            if p.get("type") == "text":
-                if isinstance(t := p.get("text"), str):
-                    out.append(t)
-            elif name_media:
-                out.append(f"[{p.get('type')}]")
-        return "\n".join(out)
-    return ""
 
 
 @cache

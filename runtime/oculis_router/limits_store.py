@@ -397,7 +397,8 @@ class Hold:
 def prompt_tokens_of(body: Mapping[str, Any]) -> int:
     """Prompt tokens of a request no route classified (one naming an upstream), by the classifier's
     own tokenizer (one loaded copy) and its estimate for images and audio."""
-    from oculis_router.classify import MEDIA_PART_TOKENS, content_text, media_parts, piece_ids
+    from oculis_router.classify import MEDIA_PART_TOKENS, media_parts, piece_ids
+    from oculis_router.content import content_text
 
     messages = body.get("messages")
     if isinstance(messages, list):
