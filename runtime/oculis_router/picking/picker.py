@@ -1,0 +1,198 @@
+"""The picker: replica states and a request in, a replica and the reason out. Pure apart from its own
+memory (the approximate prefix memory, the KV-event index, the round-robin position and a seeded RNG).
+
+Strategies
+- `random`: uniform over the eligible replicas (seeded).
+- `round-robin`: the next eligible replica in id order.
+- `least-loaded`: the fewest requests (max of the router's in-flight count and the engine's
+  running + waiting), then the lower KV usage; remaining ties are drawn at random.
+- `prefix`: the longest prefix the router remembers sending to each replica (approximate), under the
+  saturation guard below.
+- `kv-events`: the longest prefix each engine says it holds (its KV events), under the same guard; a
+  replica that has published nothing is scored from the approximate memory instead (reason `fallback`).
+
+Saturation guard ("sticky until saturated"), for both prefix strategies. A replica is saturated for a
+request when admitting it would exceed the replica's own capacity: its KV tokens (router-held tokens or
+the scraped usage, plus this request's uncached prompt and expected output, above `kv_blocks x
+block_size`), or its sequence slots (`max_num_seqs`). Among the unsaturated replicas the picker takes the
+lowest estimated time to first token, counted in prefill tokens: the prefill work already queued there
+(router-known, or the scraped waiting count times the mean uncached prompt) plus this request's uncached
+tokens. So it stays with the longest cached prefix until the prefill queued ahead of it there outweighs
+what the hit saves, and then moves by load; ties go to the less loaded replica. When every replica is
+saturated it picks by load alone. No constant is tuned: every threshold is a replica's capacity or the
+request's own size.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from oculis_router.picking.events import EventBatch
+from oculis_router.picking.hashing import DEFAULT_BLOCK_SIZE
+from oculis_router.picking.index import KVIndex, PrefixMemory
+
+Strategy = Literal["random", "round-robin", "least-loaded", "prefix", "kv-events"]
+Reason = Literal["prefix", "load", "fallback", "random", "round-robin"]
+STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
+PREFIX_STRATEGIES: tuple[Strategy, ...] = ("prefix", "kv-events")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """One replica as the router sees it at the moment of the pick."""
+
+    id: str
+    revision: str = "stable"
+    in_flight: int = 0  # requests this router has sent there and not seen finish
+    in_flight_tokens: int = 0  # KV tokens those requests need (uncached prompt + expected output), router-estimated
+    queued_tokens: int = 0  # prefill tokens of those requests still before their first token, router-estimated
+    waiting: float = 0.0  # vllm:num_requests_waiting (scraped, may lag)
+    running: float = 0.0  # vllm:num_requests_running
+    kv_usage: float = 0.0  # vllm:kv_cache_usage_perc, 0..1
+    kv_blocks: int | None = None  # vllm:cache_config_info num_gpu_blocks (or the capacity plan); None: unknown
+    block_size: int = DEFAULT_BLOCK_SIZE  # tokens per KV block of that engine
+    max_num_seqs: int | None = None
+    ready: bool = True
+    draining: bool = False  # terminating or NotReady: no new requests, in-flight ones finish
+
+    @property
+    def eligible(self) -> bool:
+        return self.ready and not self.draining
+
+    @property
+    def kv_tokens(self) -> int | None:
+        return None if self.kv_blocks is None else self.kv_blocks * self.block_size
+
+    @property
+    def requests(self) -> float:
+        """The replica's request load: the router's own count, or the engine's if other routers add to it."""
+        return max(float(self.in_flight), self.running + self.waiting)
+
+
+@dataclass(frozen=True, slots=True)
+class PickRequest:
+    block_hashes: tuple[object, ...]  # chained hashes of the prompt's full blocks (hashing.block_hashes)
+    prompt_tokens: int
+    expected_output_tokens: int = 0  # max_tokens when given, else the router's running mean
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    replica: str
+    reason: Reason
+    cached_blocks: int  # leading blocks of the prompt the picker believes the chosen replica holds
+    strategy: Strategy  # the strategy asked for
+
+
+class Picker:
+    """One per upstream (its replicas share one memory). `pick` also records the dispatch in the prefix
+    memory; `apply_events` feeds the KV-event index; `forget` drops a replica that is gone."""
+
+    def __init__(self, strategy: Strategy, *, seed: int = 0, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"picker: {strategy!r} is not one of {', '.join(STRATEGIES)}")
+        self.strategy = strategy
+        self.block_size = block_size
+        self.rng = random.Random(seed)
+        self.memory = PrefixMemory()
+        self.index = KVIndex(block_size)
+        self.turn = 0
+        self.mean_uncached = 0.0  # running mean of uncached prompt tokens per pick (what a waiting request costs)
+        self.picks = 0
+
+    # ---- inputs besides the pick -------------------------------------------------------------------
+    def apply_events(self, replica: str, batch: EventBatch) -> None:
+        self.index.apply(replica, batch)
+
+    def forget(self, replica: str) -> None:
+        self.memory.forget(replica)
+        self.index.clear(replica)
+        self.index.batches.pop(replica, None)
+
+    # ---- the pick ----------------------------------------------------------------------------------
+    def pick(self, req: PickRequest, replicas: Sequence[ReplicaState]) -> Pick | None:
+        """The replica for `req` among `replicas` (one revision's); None when none is ready and not draining."""
+        cands = sorted((r for r in replicas if r.eligible), key=lambda r: r.id)
+        if not cands:
+            return None
+        s = self.strategy
+        if s == "random":
+            choice, reason, hit = self.rng.choice(cands), "random", 0
+        elif s == "round-robin":
+            choice, reason, hit = cands[self.turn % len(cands)], "round-robin", 0
+            self.turn += 1
+        elif s == "least-loaded":
+            choice, reason, hit = self._least_loaded(cands), "load", 0
+        else:
+            choice, reason, hit = self._by_prefix(req, cands)
+        self._record(req, choice, hit)
+        return Pick(choice.id, reason, hit, s)  # type: ignore[arg-type]
+
+    def matches(self, req: PickRequest, cands: Sequence[ReplicaState]) -> tuple[dict[str, int], set[str]]:
+        """Cached leading blocks per replica, and the replicas scored from the approximate memory as a
+        fallback (kv-events strategy, replica silent)."""
+        ids = [r.id for r in cands]
+        if self.strategy != "kv-events":
+            return self.memory.match(req.block_hashes, ids), set()
+        heard = [i for i in ids if self.index.heard(i)]
+        silent = [i for i in ids if not self.index.heard(i)]
+        out = self.index.match(req.block_hashes, heard) if heard else {}
+        if silent:
+            out.update(self.memory.match(req.block_hashes, silent))
+        return out, set(silent)
+
+    def _least_loaded(self, cands: Sequence[ReplicaState]) -> ReplicaState:
+        key = [(r.requests, r.kv_usage) for r in cands]
+        best = min(key)
+        tied = [r for r, k in zip(cands, key, strict=True) if k == best]
+        return tied[0] if len(tied) == 1 else self.rng.choice(tied)
+
+    def saturated(self, r: ReplicaState, uncached: int, req: PickRequest) -> bool:
+        if r.max_num_seqs is not None and r.requests + 1 > r.max_num_seqs:
+            return True
+        cap = r.kv_tokens
+        if cap is None:
+            return False
+        held = max(float(r.in_flight_tokens), r.kv_usage * cap)
+        return held + uncached + req.expected_output_tokens > cap
+
+    def queue_tokens(self, r: ReplicaState) -> float:
+        """Prefill work ahead of a new request on r, in tokens."""
+        return max(float(r.queued_tokens), r.waiting * self.mean_uncached)
+
+    def _by_prefix(self, req: PickRequest, cands: list[ReplicaState]) -> tuple[ReplicaState, Reason, int]:
+        hits, fallback = self.matches(req, cands)
+        bs = self.block_size
+        best: tuple[float, float, float] | None = None
+        chosen: list[ReplicaState] = []
+        for r in cands:
+            hit_tokens = min(hits.get(r.id, 0) * bs, max(req.prompt_tokens - 1, 0))
+            uncached = req.prompt_tokens - hit_tokens
+            if self.saturated(r, uncached, req):
+                continue
+            key = (self.queue_tokens(r) + uncached, r.requests, r.kv_usage)
+            if best is None or key < best:
+                best, chosen = key, [r]
+            elif key == best:
+                chosen.append(r)
+        if not chosen:  # every replica is full: the least loaded one queues it shortest
+            r = self._least_loaded(cands)
+            return r, "load", hits.get(r.id, 0)
+        r = chosen[0] if len(chosen) == 1 else self.rng.choice(chosen)
+        hit = hits.get(r.id, 0)
+        if hit == 0 or hit < max(hits.get(c.id, 0) for c in cands):
+            reason: Reason = "load"  # not the longest cached prefix: load decided
+        else:
+            reason = "fallback" if r.id in fallback else "prefix"
+        return r, reason, hit
+
+    def _record(self, req: PickRequest, r: ReplicaState, hit: int) -> None:
+        uncached = max(req.prompt_tokens - hit * self.block_size, 1)
+        self.picks += 1
+        self.mean_uncached += (uncached - self.mean_uncached) / min(self.picks, 1000)
+        if self.strategy in PREFIX_STRATEGIES and req.block_hashes:
+            cap = None if r.kv_tokens is None else r.kv_tokens // self.block_size
+            self.memory.remember(r.id, req.block_hashes, cap)
