@@ -54,7 +54,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--acceptance-rate", type=float, metavar="A",
                    help="per-position draft acceptance probability (default by method)")
     p.add_argument("--num-gpu-blocks-override", type=int, metavar="N",
-                   help="KV blocks of 16 tokens, instead of what the memory plan gives (vLLM's flag)")
+                   help="KV blocks (of --block-size tokens) instead of what the memory plan gives (vLLM's flag)")
+    p.add_argument("--block-size", type=int, default=16, metavar="T", help="KV block in tokens (vLLM: 16 on GPUs)")
+    p.add_argument("--vllm-version", metavar="X.Y",
+                   help="the engine release whose overheads to simulate (0.5: V0, 0.8: V1, 0.12+: V1 with async "
+                   "scheduling; an image tag such as vllm/vllm-openai:v0.15.1 also works); default: the operator's "
+                   "pinned engine image")
     _flag_bool(p)
     p.add_argument("--served-model-name", nargs="+", metavar="NAME")
     p.add_argument("--seed", type=int, default=0)
@@ -73,7 +78,8 @@ def settings_from(args: argparse.Namespace) -> config.Settings:
         quantization=args.quantization, prefix_caching=args.prefix_caching,
         speculative_config=args.speculative_config, acceptance_rate=args.acceptance_rate,
         served_names=tuple(args.served_model_name or ()), seed=args.seed,
-        num_gpu_blocks_override=args.num_gpu_blocks_override)
+        num_gpu_blocks_override=args.num_gpu_blocks_override, vllm_version=args.vllm_version,
+        block_size=args.block_size)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +102,7 @@ def _text(res: object, s: config.Settings) -> str:
     assert isinstance(res, ReplayResult)
     sm = res.summary
     lines = [f"SIMULATED (oculis-simulator, not measured): {s.model_name} on {s.gpu.key} x{s.tp}, "
+             f"vLLM {s.vllm_version[0]}.{s.vllm_version[1]} ({s.version_profile.era}), "
              f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
              f"max_model_len {s.max_model_len}" + (f", {s.spec.method} k={s.spec.num_speculative_tokens} "
                                                    f"acceptance {s.acceptance_rate:g}" if s.spec else "")]

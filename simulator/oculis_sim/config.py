@@ -18,7 +18,7 @@ from oculis.gpus import GPUProduct
 from oculis.upstream import Engine, ModelConfig, Speculative
 from oculis_cli.inputs import InputError, load_yaml, read_text
 from oculis_operator import capacity, catalog
-from oculis_sim import specdecode, steptime
+from oculis_sim import specdecode, steptime, versions
 
 GiB = 1024**3
 
@@ -82,6 +82,12 @@ class Settings:
     weights_bytes_per_gpu: int
     kv_bytes_per_token: int
     seed: int
+    vllm_version: tuple[int, int] = capacity.DEFAULT_VLLM  # the engine release whose overheads are modelled
+    block_size: int = capacity.BLOCK  # KV block in tokens (vLLM's CPU backend uses 128)
+
+    @property
+    def version_profile(self) -> versions.VersionProfile:
+        return versions.profile(self.vllm_version)
 
 
 def load_model_config(path: Path) -> ModelConfig:
@@ -102,11 +108,19 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
             max_model_len: str | None = None, gpu_memory_utilization: float = 0.92, kv_cache_dtype: str = "auto",
             quantization: str | None = None, prefix_caching: bool = True, speculative_config: str | None = None,
             acceptance_rate: float | None = None, served_names: tuple[str, ...] = (), seed: int = 0,
-            num_gpu_blocks_override: int | None = None) -> Settings:
+            num_gpu_blocks_override: int | None = None, vllm_version: str | tuple[int, int] | None = None,
+            block_size: int = capacity.BLOCK) -> Settings:
     if not gpu_name:
         raise SimConfigError("--gpu: missing; name the GPU product to simulate (e.g. --gpu H100-80GB, or set "
                              "OCULIS_SIM_GPU)")
     gpu = lookup_gpu(gpu_name)
+    try:  # the same fact the operator reads from the engine image tag; default: the pinned engine
+        version = (capacity.DEFAULT_VLLM if vllm_version is None else vllm_version if isinstance(vllm_version, tuple)
+                   else versions.parse(vllm_version))
+    except versions.VersionError as exc:
+        raise SimConfigError(str(exc)) from None
+    if block_size not in (8, 16, 32, 64, 128, 256):
+        raise SimConfigError(f"--block-size {block_size}: use one of 8, 16, 32, 64, 128 (CPU backend), 256")
     inline = load_model_config(model_config) if isinstance(model_config, Path) else model_config
     try:
         model = catalog.lookup(model_name, inline)
@@ -129,7 +143,7 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
     if quantization is not None and quantization not in capacity.QUANT_BYTES:
         raise SimConfigError(f"--quantization {quantization!r}: not simulated; use one of "
                              f"{', '.join(sorted(capacity.QUANT_BYTES))} or leave it unset")
-    default_seqs, default_tokens = capacity.vllm_defaults(gpu)  # the operator's plan picks the same
+    default_seqs, default_tokens = capacity.vllm_defaults(gpu, version)  # the operator's plan picks the same
     seqs = max_num_seqs if max_num_seqs is not None else default_seqs
     if seqs < 1:
         raise SimConfigError(f"--max-num-seqs {seqs}: must be a positive integer")
@@ -182,7 +196,7 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
                     speculative=(Speculative(draft_model=spec.draft_model, num_speculative_tokens=min(
                         spec.num_speculative_tokens, 16), method=None if spec.draft_model else spec.method)
                         if spec else None))
-    plan = capacity.plan(model, gpu, tp, engine, draft=draft, model_name=model_name)
+    plan = capacity.plan(model, gpu, tp, engine, draft=draft, model_name=model_name, vllm_version=version)
     if plan.kv_budget_bytes <= 0:
         raise SimConfigError(
             f"--gpu-memory-utilization {gpu_memory_utilization}: No available memory for the cache blocks. Try "
@@ -192,9 +206,10 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
     if num_gpu_blocks_override is not None:  # vLLM's testing knob: the pool size, whatever memory says
         if num_gpu_blocks_override < 2:
             raise SimConfigError(f"--num-gpu-blocks-override {num_gpu_blocks_override}: must be at least 2")
-        kv_tokens = num_gpu_blocks_override * capacity.BLOCK
+        kv_tokens = num_gpu_blocks_override * block_size
+    kv_tokens -= kv_tokens % block_size
     # One block of the pool is vLLM's null block: a sequence can use the rest.
-    usable = max(0, kv_tokens - capacity.BLOCK)
+    usable = max(0, kv_tokens - block_size)
     if auto_len:
         length = min(model.max_position_embeddings, usable)
     elif usable < length:
@@ -210,8 +225,9 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
         max_num_seqs=seqs, max_num_batched_tokens=tokens, max_model_len=length,
         gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_dtype, quantization=quantization,
         prefix_caching=prefix_caching, spec=spec, draft=draft, acceptance_rate=alpha,
-        num_blocks=kv_tokens // capacity.BLOCK, kv_cache_tokens=kv_tokens,
-        weights_bytes_per_gpu=plan.weights_bytes_per_gpu, kv_bytes_per_token=plan.kv_bytes_per_token, seed=seed)
+        num_blocks=kv_tokens // block_size, kv_cache_tokens=kv_tokens,
+        weights_bytes_per_gpu=plan.weights_bytes_per_gpu, kv_bytes_per_token=plan.kv_bytes_per_token, seed=seed,
+        vllm_version=version, block_size=block_size)
 
 
 def cost_models(s: Settings) -> tuple[steptime.StepCostModel, steptime.StepCostModel | None]:
@@ -220,10 +236,11 @@ def cost_models(s: Settings) -> tuple[steptime.StepCostModel, steptime.StepCostM
     # dtype, or --quantization fp8) run the 8-bit tensor-core rate: the capacity plan's bytes per weight decides.
     fp8 = capacity.weight_bytes_per_param(s.model, s.quantization) == 1.0
     target_weights = capacity.weights_bytes_per_gpu(s.model, s.tp, s.quantization)
+    era = s.version_profile
     target = steptime.cost_model(s.model, s.gpu, s.tp, target_weights,
-                                 capacity.kv_bytes_per_token(s.model, s.tp, s.kv_cache_dtype), fp8)
+                                 capacity.kv_bytes_per_token(s.model, s.tp, s.kv_cache_dtype), fp8, era)
     draft = None
     if s.draft is not None:
         draft = steptime.cost_model(s.draft, s.gpu, s.tp, capacity.weights_bytes_per_gpu(s.draft, s.tp),
-                                    capacity.kv_bytes_per_token(s.draft, s.tp, s.kv_cache_dtype))
+                                    capacity.kv_bytes_per_token(s.draft, s.tp, s.kv_cache_dtype), version=era)
     return target, draft

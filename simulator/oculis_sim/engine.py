@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from oculis_sim import steptime
 from oculis_sim.config import Settings, cost_models
 from oculis_sim.scheduler import Request, Scheduler, StepPlan
 from oculis_sim.specdecode import AcceptanceSampler
@@ -47,15 +46,16 @@ class EngineCore:
         self.settings = s
         k = s.spec.num_speculative_tokens if s.spec else 0
         self.scheduler = Scheduler(s.num_blocks, s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len, k,
-                                   s.prefix_caching)
+                                   s.prefix_caching, s.block_size)
         self.cost, self.draft_cost = cost_models(s)
         self.k = k
         self.sampler = AcceptanceSampler(s.acceptance_rate, s.seed + 1) if k else None
         self.counters = Counters(spec_accepted_per_pos=[0] * k)
         # One pass of an EAGLE/MTP head: roughly one target layer plus the LM head, and a launch.
         m = s.model
-        layer = self.cost.weight_time_s * (1 / m.num_layers + 0.07)
-        self.head_pass_s = layer + steptime.PER_LAYER_S + steptime.PER_STEP_S / 2
+        c = self.cost
+        layer = c.weight_time_s * (1 / m.num_layers + 0.07)
+        self.head_pass_s = layer + c.graph_s / m.num_layers + c.step_cpu_s / 2
         self.next_rid = 0
 
     def add(self, req: Request) -> None:
@@ -72,7 +72,7 @@ class EngineCore:
             per = self.draft_cost.step_seconds(0, 0.0, proposing, float(plan.context_tokens), plan.context_tokens,
                                                proposing)
             return self.k * per
-        return self.k * (self.head_pass_s + steptime.PER_REQUEST_S * proposing)
+        return self.k * (self.head_pass_s + self.cost.request_cpu_s * proposing)
 
     def step(self, now: float) -> StepResult:
         sched = self.scheduler

@@ -3,7 +3,8 @@
 Client-side figures as `vllm bench serve` defines them: TTFT = first token - send, E2E = last token -
 send, ITL = the gaps between successive streamed chunks (all requests pooled), throughput over the run's
 duration. Request-level overheads outside the engine (BLIS alpha0/1/2: API server before the scheduler,
-post-decode finish, per-token streaming) are added here, so the server and the replay agree.
+post-decode finish, per-token streaming; the vLLM era's figures) are added here, so the server and the
+replay agree.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from oculis_sim import steptime
 from oculis_sim.config import Settings
 from oculis_sim.engine import EngineCore
-from oculis_sim.scheduler import BLOCK, Request
+from oculis_sim.scheduler import Request
 from oculis_sim.workload import Workload
 
 SHARED = "shared-prefix"
@@ -57,11 +57,22 @@ class _Rec:
 def run(settings: Settings, wl: Workload) -> ReplayResult:
     core = EngineCore(settings)
     n = len(wl)
-    prefix_blocks = wl.shared_prefix_tokens // BLOCK
-    shared_hashes: tuple[object | None, ...] = tuple((SHARED, i) for i in range(prefix_blocks))
-    api = steptime.API_OVERHEAD_S
-    lag = steptime.PER_TOKEN_OUTPUT_S
-    finish = steptime.FINISH_OVERHEAD_S
+    prefix_blocks = wl.shared_prefix_tokens // settings.block_size
+    # One prefix per group (a system prompt); the whole workload is one group unless it names several.
+    groups = wl.prefix_groups.tolist() if wl.prefix_groups is not None else None
+    group_hashes: dict[int, tuple[object | None, ...]] = {}
+
+    def hashes_of(i: int) -> tuple[object | None, ...]:
+        if not prefix_blocks:
+            return ()
+        g = groups[i] if groups is not None else 0
+        if g not in group_hashes:
+            group_hashes[g] = tuple((SHARED, g, b) for b in range(prefix_blocks))
+        return group_hashes[g]
+
+    api = core.cost.api_s
+    lag = core.cost.per_token_s
+    finish = core.cost.finish_s
     limit = settings.max_model_len
     conc = wl.max_concurrency
     arrivals = wl.arrivals.tolist()
@@ -101,8 +112,7 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     while True:
         while entering and entering[0][0] <= t:
             _, i = heapq.heappop(entering)
-            hashes = shared_hashes if prefix_blocks else ()
-            core.add(Request(i, prompts[i], outputs[i], t, hashes))
+            core.add(Request(i, prompts[i], outputs[i], t, hashes_of(i)))
         if not core.has_work():
             if entering:
                 t = entering[0][0]

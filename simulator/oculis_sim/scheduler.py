@@ -5,9 +5,9 @@ vllm-engine note section 1):
 - one token budget per step (`max_num_batched_tokens`); RUNNING requests are scheduled first, in order,
   then WAITING ones while fewer than `max_num_seqs` run; a prompt longer than the remaining budget is
   prefilled in chunks (chunked prefill);
-- KV blocks of 16 tokens; when a running request cannot get its blocks, the newest running request is
-  preempted by recompute: all its blocks freed, `num_computed_tokens = 0`, prepended to WAITING; no
-  waiting request is admitted in a step that preempted;
+- KV blocks of `block_size` tokens (16 on GPUs, 128 on vLLM's CPU backend); when a running request
+  cannot get its blocks, the newest running request is preempted by recompute: all its blocks freed,
+  `num_computed_tokens = 0`, prepended to WAITING; no waiting request is admitted in a step that preempted;
 - prefix caching: full prompt blocks are hashed; a new request reuses the leading blocks already cached
   (at least one token is always computed); blocks nobody references stay cached until evicted, LRU.
   A preempted request's own cached blocks are dropped (BLIS #1121: keeping them made re-prefill free);
@@ -127,8 +127,9 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 num_speculative_tokens: int = 0, prefix_caching: bool = True) -> None:
+                 num_speculative_tokens: int = 0, prefix_caching: bool = True, block_size: int = BLOCK) -> None:
         self.pool = BlockPool(num_blocks)
+        self.block = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -203,7 +204,7 @@ class Scheduler:
                 spec = max(spec, 0)
                 num_new += spec
             num_new = min(num_new, budget)
-            need = -(-(req.num_computed + num_new) // BLOCK) - req.blocks - len(req.shared)
+            need = -(-(req.num_computed + num_new) // self.block) - req.blocks - len(req.shared)
             scheduled = True
             while need > 0 and not pool.allocate(need):
                 victim = running.pop()  # the newest running request
@@ -225,9 +226,9 @@ class Scheduler:
                 if req.num_computed == 0 and self.prefix_caching:
                     hits = self._lookup(req)
                     plan.prefix_queries += req.num_tokens
-                    plan.prefix_hits += hits * BLOCK
+                    plan.prefix_hits += hits * self.block
                 num_new = min(req.num_tokens - req.num_computed, budget)
-                need = -(-(req.num_computed + num_new) // BLOCK) - req.blocks - len(req.shared)
+                need = -(-(req.num_computed + num_new) // self.block) - req.blocks - len(req.shared)
                 if not pool.allocate(need):
                     self._release_hits(req)
                     break
@@ -242,7 +243,7 @@ class Scheduler:
     def _lookup(self, req: Request) -> int:
         """Reference the leading cached blocks of the prompt; returns how many (vLLM computes >= 1 token)."""
         pool = self.pool
-        limit = (req.num_tokens - 1) // BLOCK
+        limit = (req.num_tokens - 1) // self.block
         hits = 0
         for h in req.hashes[:limit]:
             if h is None or h not in pool.refs:
@@ -250,7 +251,7 @@ class Scheduler:
             pool.ref(h)
             req.shared.append(h)
             hits += 1
-        req.num_computed = hits * BLOCK
+        req.num_computed = hits * self.block
         req.cached_upto = hits
         return hits
 
@@ -264,7 +265,7 @@ class Scheduler:
     def _promote(self, req: Request) -> None:
         """Full prompt blocks just computed enter the prefix cache (unless an identical block is there)."""
         pool = self.pool
-        upto = min(req.num_computed // BLOCK, len(req.hashes))
+        upto = min(req.num_computed // self.block, len(req.hashes))
         i = req.cached_upto
         while i < upto:
             h = req.hashes[i]

@@ -28,7 +28,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from oculis_sim import FINGERPRINT, steptime
+from oculis_sim import FINGERPRINT
 from oculis_sim.config import Settings
 from oculis_sim.engine import EngineCore
 from oculis_sim.scheduler import BLOCK, Request
@@ -398,7 +398,7 @@ class SimServer:
         if out > 0:
             req = Request(next(self.seq), n_prompt, out, arrival, block_hashes(toks), st)
             st.req = req
-            heapq.heappush(self.pending, (arrival + steptime.API_OVERHEAD_S, req.rid, req))
+            heapq.heappush(self.pending, (arrival + self.core.cost.api_s, req.rid, req))
             self.wake.set()
             try:
                 await st.done

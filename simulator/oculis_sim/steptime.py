@@ -1,13 +1,16 @@
-"""How long one engine step takes: a roofline over the step's work, corrected by published fits.
+"""How long one engine step takes: a roofline over the step's work at the fractions of peak a vLLM
+release achieves, plus the CPU work around the kernels (`oculis_sim.versions`, one profile per era).
 
 Per step (../shared/notes/simulator.md sections 2 and 4):
-    memory  = beta3 x weight bytes / BW  +  beta2b x KV bytes read and written / BW
-    compute = prefill FLOPs / (peak x MFU_prefill) + decode FLOPs / (peak x MFU_decode)
-    step    = max(memory, compute) + beta5 x layers + beta6 x requests + beta7 + TP all-reduce
-Weights stream once per step (split by tensor parallelism); KV is read for every token already in
-context of every scheduled request. A pure roofline at datasheet peak under-predicts ITL ~2x (BLIS
-accuracy study); the corrections below are BLIS `defaults.yaml` trained-physics constants (fit on
-H100) and BLIS `hardware_config.json` MFUs per GPU family.
+    memory  = streamed weight bytes / (BW x weight_bw)  +  KV bytes read and written / (BW x kv_bw)
+    compute = prefill FLOPs / (peak x mfu_prefill) + decode FLOPs / (peak x mfu_decode)
+    gpu     = max(memory, compute) + layers x launch (CUDA-graph replay for pure decode steps)
+              + 2 x layers x (all-reduce latency + bytes / interconnect)       (TP > 1)
+    cpu     = step_cpu + request_cpu x scheduled requests
+    step    = max(gpu, cpu) with async scheduling (the CPU work hides under the GPU), else gpu + cpu
+Weights stream once per step (split by tensor parallelism; an MoE layer reads only the experts its tokens
+route to); KV is read for every token already in context of every scheduled request, so an MHA model with
+long outputs is bound by its KV reads, a GQA model by its weights. FLOPs count active parameters.
 """
 
 from __future__ import annotations
@@ -16,52 +19,39 @@ from dataclasses import dataclass
 
 from oculis.gpus import GPUProduct
 from oculis.upstream import ModelConfig
+from oculis_sim.versions import V0, VersionProfile
 
-# BLIS trained-physics coefficients (defaults.yaml): beta3 weight-load correction (weights stream at
-# ~73 % of peak), beta2b decode-KV correction (~51 %), beta4 TP all-reduce, beta5/6/7 fixed overheads.
-BETA_WEIGHTS = 1.36
-BETA_KV = 1.95
-BETA_TP = 0.75
-PER_LAYER_S = 32e-6
-PER_REQUEST_S = 4.4e-6
-PER_STEP_S = 126e-6
-# Request-level overheads (BLIS alpha0/1/2): API server and queue insertion before the scheduler sees
-# a request, post-decode finish, and per-output-token streaming/detokenisation.
-API_OVERHEAD_S = 15.6e-3
-FINISH_OVERHEAD_S = 0.78e-3
-PER_TOKEN_OUTPUT_S = 46e-6
-# One small-message all-reduce on NVLink (launch + sync; two per layer at TP > 1). An estimate: at 8 us
-# the 70B TP4 point (B4) came out 18 % fast and TP2 sped an 8B up 1.5x where vllm#31826's TP2 run shows
-# ~6.3 ms ITL (about 1.2x over TP1's ~7.5 ms); 20 us is consistent with both.
-ALLREDUCE_LATENCY_S = 20e-6
+# The request-level overheads of the oldest profile, for callers that have no cost model at hand.
+API_OVERHEAD_S = V0.api_s
+PER_TOKEN_OUTPUT_S = V0.per_token_s
 
-# Achieved fraction of peak FLOPS per GPU family, (prefill, decode). Prefill: BLIS hardware_config.json
-# (Discussion #589). Decode: BLIS ships 0.30 / 0.18 / 0.08 for its pure-roofline mode, which has no
-# overhead terms; here the overheads are separate, and at 0.30 a decode batch of ~1000 on an H100 takes
-# ~50 ms where vLLM measured a 38 ms mean ITL (vllm#18566, B9), while 0.55 under-predicts the
-# 256-sequence points (B3, B4). 0.40 on Hopper and Ampere balances the two (so B3, B4 and B9 are
-# in-sample for this one constant); 0.35 on Ada is an assumption (no calibration point).
-MFU: dict[str, tuple[float, float]] = {
-    "hopper": (0.45, 0.40),
-    "blackwell": (0.45, 0.40),  # no calibration point: Hopper's fractions (assumption)
-    "ampere": (0.38, 0.40),
-    "ada-lovelace": (0.32, 0.35),
-}
+# GPU-to-GPU bandwidth per direction for the all-reduce bytes (NVIDIA datasheets: H100 SXM NVLink 900 GB/s
+# and A100 SXM 600 GB/s bidirectional; L40S/L4 have no NVLink: PCIe Gen4 x16 ~32 GB/s).
+INTERCONNECT_BYTES_S = {"hopper": 450e9, "blackwell": 900e9, "ampere": 300e9, "ada-lovelace": 32e9}
 
 
 @dataclass(frozen=True, slots=True)
 class StepCostModel:
-    """Pre-computed constants for one (model, GPU, TP, dtype) so a step costs a few multiplications."""
+    """Pre-computed constants for one (model, GPU, TP, dtype, vLLM era) so a step costs a few multiplications."""
 
-    weight_time_s: float  # beta3 x weight bytes per GPU / BW
-    kv_time_per_token_s: float  # beta2b x KV bytes per token per GPU / BW
-    flops_per_token: float  # linear-layer FLOPs per scheduled token, per GPU
+    weight_time_s: float  # streamed dense weights per GPU / achieved BW
+    expert_time_s: float  # all routed experts of all MoE layers per GPU / achieved BW (0 for dense models)
+    expert_tokens_to_all: float  # routed (token, expert) picks per layer that touch every expert once
+    kv_time_per_token_s: float  # KV bytes per token per GPU / achieved BW
+    flops_per_token: float  # linear-layer FLOPs per scheduled token, per GPU (active parameters)
     attn_flops_per_pair: float  # attention FLOPs per (query token, context token) pair, per GPU
-    peak_flops: float
-    mfu_prefill: float
-    mfu_decode: float
-    fixed_s: float  # beta5 x layers + beta7 (+ all-reduce launches at TP > 1)
-    allreduce_per_token_s: float  # beta4 x all-reduce bytes per token / BW
+    peak_flops: float  # the datasheet dense peak the fractions apply to (FP8 rate for 8-bit weights)
+    prefill_flops_s: float  # achieved FLOP/s on prefill tokens
+    decode_flops_s: float  # achieved FLOP/s on decode tokens
+    eager_s: float  # per-step launch cost when a prefill chunk is in the batch
+    graph_s: float  # per-step launch cost of a pure decode step (CUDA graph)
+    allreduce_per_token_s: float  # all-reduce bytes per token / interconnect
+    step_cpu_s: float
+    request_cpu_s: float
+    overlap: bool
+    api_s: float
+    finish_s: float
+    per_token_s: float
 
     def step_seconds(self, prefill_tokens: int, prefill_pairs: float, decode_tokens: int, decode_pairs: float,
                      context_tokens: int, requests: int) -> float:
@@ -70,34 +60,56 @@ class StepCostModel:
         if requests == 0:
             return 0.0
         tokens = prefill_tokens + decode_tokens
-        memory = self.weight_time_s + self.kv_time_per_token_s * (context_tokens + tokens)
-        pf = self.flops_per_token * prefill_tokens + self.attn_flops_per_pair * prefill_pairs
-        dc = self.flops_per_token * decode_tokens + self.attn_flops_per_pair * decode_pairs
-        compute = pf / (self.peak_flops * self.mfu_prefill) + dc / (self.peak_flops * self.mfu_decode)
-        return (max(memory, compute) + self.fixed_s + PER_REQUEST_S * requests
-                + self.allreduce_per_token_s * tokens)
+        weights = self.weight_time_s
+        if self.expert_time_s:
+            weights += self.expert_time_s * min(1.0, tokens / self.expert_tokens_to_all)
+        memory = weights + self.kv_time_per_token_s * (context_tokens + tokens)
+        compute = ((self.flops_per_token * prefill_tokens + self.attn_flops_per_pair * prefill_pairs)
+                   / self.prefill_flops_s
+                   + (self.flops_per_token * decode_tokens + self.attn_flops_per_pair * decode_pairs)
+                   / self.decode_flops_s)
+        gpu = (max(memory, compute) + (self.eager_s if prefill_tokens else self.graph_s)
+               + self.allreduce_per_token_s * tokens)
+        cpu = self.step_cpu_s + self.request_cpu_s * requests
+        return max(gpu, cpu) if self.overlap else gpu + cpu
 
 
 def cost_model(model: ModelConfig, gpu: GPUProduct, tp: int, weights_bytes_per_gpu: int, kv_bytes_per_token: int,
-               fp8_compute: bool = False) -> StepCostModel:
+               fp8_compute: bool = False, version: VersionProfile = V0) -> StepCostModel:
     """weights_bytes_per_gpu and kv_bytes_per_token come from the operator's capacity plan (one source)."""
+    v = version
     bw = gpu.bandwidth_gb_s * 1e9
+    h, layers = model.hidden_size, model.num_layers
     # The input embedding is a gather of a few rows, not a stream: only the rest is read every step.
-    embed = model.vocab_size * model.hidden_size * model.dtype_bytes / tp
+    embed = model.vocab_size * h * model.dtype_bytes / tp
     streamed = max(weights_bytes_per_gpu - embed, weights_bytes_per_gpu * 0.5)
-    params_per_gpu = model.params_billions * 1e9 / tp - model.vocab_size * model.hidden_size / tp
+    params = model.params_billions * 1e9
+    active = params
+    expert_bytes = 0.0
+    to_all = 1.0
+    if model.num_experts and model.num_experts_per_tok and model.moe_intermediate_size:
+        per_expert = 3 * h * model.moe_intermediate_size  # gate, up, down
+        experts = per_expert * model.num_experts * layers
+        active = params - experts + per_expert * model.num_experts_per_tok * layers
+        expert_bytes = streamed * experts / params
+        streamed -= expert_bytes
+        to_all = model.num_experts / model.num_experts_per_tok
+    params_per_gpu = (active - model.vocab_size * h) / tp
     heads = model.num_attention_heads / tp
     peak = (gpu.fp8_tflops if fp8_compute and gpu.fp8_tflops else gpu.bf16_tflops) * 1e12
-    mfu_pf, mfu_dc = MFU.get(gpu.family, MFU["ampere"])
-    fixed = PER_LAYER_S * model.num_layers + PER_STEP_S
     allreduce = 0.0
+    allreduce_fixed = 0.0
     if tp > 1:
-        fixed += 2 * model.num_layers * ALLREDUCE_LATENCY_S
-        allreduce = BETA_TP * 2 * model.num_layers * model.hidden_size * 2 * 2 * (tp - 1) / tp / bw
+        allreduce_fixed = 2 * layers * v.allreduce_s
+        ring = 2 * (tp - 1) / tp  # bytes each GPU sends per byte reduced (ring all-reduce)
+        link = INTERCONNECT_BYTES_S.get(gpu.family, INTERCONNECT_BYTES_S["ada-lovelace"])
+        allreduce = 2 * layers * h * 2 * ring / link
     return StepCostModel(
-        weight_time_s=BETA_WEIGHTS * streamed / bw,
-        kv_time_per_token_s=BETA_KV * kv_bytes_per_token / bw,
-        flops_per_token=2 * params_per_gpu,
-        attn_flops_per_pair=4 * model.num_layers * heads * model.head_dim,
-        peak_flops=peak, mfu_prefill=mfu_pf, mfu_decode=mfu_dc, fixed_s=fixed, allreduce_per_token_s=allreduce,
+        weight_time_s=streamed / (bw * v.weight_bw), expert_time_s=expert_bytes / (bw * v.weight_bw),
+        expert_tokens_to_all=to_all, kv_time_per_token_s=kv_bytes_per_token / (bw * v.kv_bw),
+        flops_per_token=2 * params_per_gpu, attn_flops_per_pair=4 * layers * heads * model.head_dim,
+        peak_flops=peak, prefill_flops_s=peak * v.mfu_prefill, decode_flops_s=peak * v.mfu_decode,
+        eager_s=layers * v.layer_launch_s + allreduce_fixed, graph_s=layers * v.graph_layer_s + allreduce_fixed,
+        allreduce_per_token_s=allreduce, step_cpu_s=v.step_cpu_s, request_cpu_s=v.request_cpu_s, overlap=v.overlap,
+        api_s=v.api_s, finish_s=v.finish_s, per_token_s=v.per_token_s,
     )

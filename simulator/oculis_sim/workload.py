@@ -5,6 +5,8 @@ YAML or JSON:
     output_tokens: {mean: 256, stdev: 100, min: 1, max: 1024}    # normal (default), lognormal,
                                              # uniform (min..max) or exponential, clipped to min..max
     shared_prefix_tokens: 0                  # a prefix common to every request (prefix caching)
+    prefix_groups: 1                         # optional: N distinct prefixes of that length (system prompts),
+                                             # each request drawn uniformly from one group
     stages: [{rate: 10, seconds: 3600}]      # Poisson arrivals per stage; {rate: 10, requests: N}: exactly N;
                                              # {rate: inf, requests: N} sends N at once
     burstiness: 1.0                          # gamma shape of the gaps, as vLLM's benchmark (1 = Poisson)
@@ -37,6 +39,7 @@ class Workload:
     output_tokens: np.ndarray
     shared_prefix_tokens: int
     max_concurrency: int | None
+    prefix_groups: np.ndarray | None = None  # which prefix each request starts with (None: one for all)
 
     def __len__(self) -> int:
         return len(self.arrivals)
@@ -121,7 +124,7 @@ def parse(data: Any) -> Workload:
     if not isinstance(data, dict):
         raise WorkloadError("the workload must be a mapping with prompt_tokens, output_tokens and stages")
     known = {"prompt_tokens", "output_tokens", "shared_prefix_tokens", "stages", "burstiness", "seed", "requests",
-             "max_concurrency"}
+             "max_concurrency", "prefix_groups"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise WorkloadError(f"{unknown[0]}: unknown key; use {', '.join(sorted(known))}")
@@ -134,6 +137,12 @@ def parse(data: Any) -> Workload:
     conc = data.get("max_concurrency")
     if conc is not None and (not isinstance(conc, int) or conc < 1):
         raise WorkloadError(f"max_concurrency: {conc!r} must be a positive integer")
+    n_groups = data.get("prefix_groups", 1)
+    if isinstance(n_groups, bool) or not isinstance(n_groups, int) or n_groups < 1:
+        raise WorkloadError(f"prefix_groups: {n_groups!r} must be a positive integer (how many distinct prefixes)")
+
+    def grouped(n: int) -> np.ndarray | None:
+        return rng.integers(0, n_groups, n) if n_groups > 1 else None
     if "requests" in data:
         reqs = data["requests"]
         if not isinstance(reqs, list) or not reqs:
@@ -151,7 +160,9 @@ def parse(data: Any) -> Workload:
         else:
             arrivals = np.zeros(len(reqs))
         order = np.argsort(arrivals, kind="stable")
-        return Workload(arrivals[order], prompts[order], outputs[order], shared, conc)
+        groups = grouped(len(reqs))
+        return Workload(arrivals[order], prompts[order], outputs[order], shared, conc,
+                        groups[order] if groups is not None else None)
     for key in ("prompt_tokens", "output_tokens", "stages"):
         if key not in data:
             raise WorkloadError(f"{key}: missing (or give explicit `requests`)")
@@ -159,7 +170,7 @@ def parse(data: Any) -> Workload:
     n = len(arrivals)
     prompts = _draw("prompt_tokens", data["prompt_tokens"], n, rng)
     outputs = _draw("output_tokens", data["output_tokens"], n, rng)
-    return Workload(arrivals, prompts + shared, outputs, shared, conc)
+    return Workload(arrivals, prompts + shared, outputs, shared, conc, grouped(n))
 
 
 def load(path: Path, what: str = "--workload") -> Workload:
