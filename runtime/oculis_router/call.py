@@ -1,0 +1,216 @@
+"""Step 3 of the request path (plan -> pick -> call -> relay): each tier of the plan is called in
+turn until one answers. A tier that fails after its retries escalates to the next (when the route
+allows it); a tier's refusal of the request itself (a 4xx) is relayed as is; an answer a check
+doubts (low logprobs, a verifier's low grade) is replaced by a later tier's, or sent if none answers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from oculis import Verifier
+from oculis_router import answer_check as answers
+from oculis_router import cache as rcache
+from oculis_router.errors import APIError
+from oculis_router.limits_store import Hold
+from oculis_router.metrics import Metrics
+from oculis_router.plan import Plan, cache_state
+from oculis_router.plan import headers as plan_headers
+from oculis_router.providers import relayed_headers
+from oculis_router.relay import SSE_HEADERS, account, relay, replay
+from oculis_router.upstreams import REVISION_HEADER, Attempt, Caller, UpstreamFailed, UpstreamRejected
+
+log = logging.getLogger("oculis.router")
+
+
+def failure_kind(exc: UpstreamFailed) -> str:
+    """A short, bounded label for why a tier failed (`oculis_upstream_failures_total{kind}`)."""
+    v = exc.verdict
+    if v.credential:
+        return "credential"
+    if v.context_length:
+        return "context_length"
+    if v.status == 429:
+        return "rate_limited"
+    reason = v.reason
+    if reason.startswith("status ") and reason[7:10].isdigit():
+        return f"status_{reason[7:10]}"
+    if "Timeout" in reason or "timed out" in reason or "within" in reason or "stalled" in reason:
+        return "timeout"
+    if "JSON" in reason or "shape" in reason or "choices" in reason:
+        return "bad_answer"
+    if "not set in the router's environment" in reason:
+        return "missing_key"
+    return "connection"
+
+
+
+class Calls:
+    """The calls of one router: its upstream caller (set once the event loop runs) and its metrics."""
+
+    def __init__(self, caller: Caller | None, metrics: Metrics) -> None:
+        self.caller: Caller = caller  # type: ignore[assignment]  # the app's lifespan sets it
+        self.metrics = metrics
+
+    async def grade(self, v: Verifier, plan: Plan, body: dict[str, Any], data: dict[str, Any], endpoint: str,
+                     route_label: str, hold: Hold | None) -> int | None:
+        """The verifier's score of tier's answer `data` (1-10), or None: no text to grade, the verifier
+        failed or gave no score. The answer is then kept: a missing grade is no evidence against it."""
+        req = answers.grading_request(v, body, data, endpoint)
+        if req is None or plan.verifier is None:
+            self.metrics.answer_grades.labels(route_label, v.upstream, "ungraded").inc()
+            return None
+        up = plan.verifier
+        if up.scaled_to_zero:  # woken by this demand (the autoscaler reads it), not waited for: kept ungraded
+            self.metrics.upstream_demand.labels(up.name).inc()
+            self.metrics.answer_grades.labels(route_label, v.upstream, "cold").inc()
+            return None
+        try:
+            graded = await self.caller.complete(up, "chat", {"model": up.name, **req}, Attempt(can_escalate=False))
+        except (UpstreamFailed, UpstreamRejected) as exc:
+            kind = failure_kind(exc) if isinstance(exc, UpstreamFailed) else f"rejected_{exc.status}"
+            self.metrics.upstream_failures.labels(up.name, kind).inc()
+            self.metrics.answer_grades.labels(route_label, v.upstream, "error").inc()
+            log.warning("verifier %s could not grade an answer on route %s (kept): %s", up.name, route_label, exc)
+            return None
+        account(self.metrics, up, graded.get("usage"), hold)  # the grading is billed like any call
+        score = answers.score_of(graded)
+        outcome = "unscored" if score is None else ("pass" if score >= v.min_score else "fail")
+        self.metrics.answer_grades.labels(route_label, v.upstream, outcome).inc()
+        if score is None:
+            log.warning("verifier %s gave no score 1-10 on route %s (answer kept)", up.name, route_label)
+        return score
+
+    def can_escalate(self, plan: Plan, i: int) -> bool:
+        esc = plan.route.route.escalation if plan.route else None
+        return bool(esc and esc.enabled and esc.on_upstream_error and i + 1 < len(plan.tiers))
+
+    def attempt(self, plan: Plan, i: int) -> Attempt:
+        """How tier i is called: the route's `escalation.max_retries`, the tier's timeouts, and whether
+        a next tier could answer instead."""
+        return Attempt(retries=plan.route.route.escalation.max_retries if plan.route else None,
+                       timeouts=plan.timeouts[i] if plan.timeouts else None, can_escalate=self.can_escalate(plan, i))
+
+    def rejected(self, rej: UpstreamRejected, plan: Plan, i: int, key: str | None,
+                  route_label: str) -> Response:
+        """The upstream refused the request itself: relay its answer, not retried, not escalated."""
+        up = plan.tiers[i]
+        self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, f"upstream_{rej.status}").inc()
+        # Relayed as the upstream answered it: an HTML error page is not labelled JSON.
+        ctype = next((v for k, v in rej.headers.items() if k.lower() == "content-type"), "application/json")
+        return Response(rej.body, status_code=rej.status, headers={
+            **relayed_headers(rej.headers), **plan_headers(plan, i, cache_state(key)), "content-type": ctype})
+
+    def failed(self, exc: UpstreamFailed, plan: Plan, i: int, route_label: str) -> None:
+        """Count a tier that failed after its retries; return to try the next tier, or raise what the
+        client gets (a 502, or a 429/503 with the provider's Retry-After)."""
+        up = plan.tiers[i]
+        # A tier's failure is not the request's outcome (that is counted once, at the end: `ok` after
+        # a failover, `error_502` when no tier could answer), so it has its own metric.
+        self.metrics.upstream_failures.labels(up.name, failure_kind(exc)).inc()
+        last = not self.can_escalate(plan, i)
+        if not exc.verdict.credential:  # a refused credential is logged once per upstream, by the caller
+            log.warning("%s %s: %s", "no tier left after" if last else "escalating past", up.name, exc)
+        if last:
+            raise exc.client_error(up.name) from None
+        self.metrics.escalations.labels(route_label, "upstream_error").inc()
+
+    async def complete(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
+                        route_label: str, hold: Hold | None = None) -> Response:
+        route = plan.route.route if plan.route else None
+        # An answer a check doubted, what the headers say of it, and its tier: sent only if no later tier answers.
+        doubted: tuple[JSONResponse, dict[str, str], int] | None = None
+        replaced: list[str] = []  # tiers whose answers a later one replaced (x-oculis-replaced-tiers)
+        for i, up in enumerate(plan.tiers):
+            t0 = time.perf_counter()
+            check = answers.check_for(route, up, i, len(plan.tiers))
+            verifier = answers.verifier_for(route, i, len(plan.tiers))
+            try:
+                seen: dict[str, str] = {}  # the upstream's request id and rate-limit headers, for the client
+                sent = answers.with_logprobs(body, endpoint) if check else body
+                data = await self.caller.complete(up, endpoint, sent, self.attempt(plan, i), headers_out=seen)
+            except UpstreamRejected as rej:
+                return self.rejected(rej, plan, i, key, route_label)
+            except UpstreamFailed as exc:
+                try:
+                    self.failed(exc, plan, i, route_label)
+                except APIError:
+                    if doubted is None:
+                        raise
+                    return self.doubted(doubted, plan, route_label)  # beats none: no later tier answered
+                continue
+            self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
+            # `seen` carries x-oculis-revision (Caller.complete), which the client gets with the answer
+            self.metrics.revision_requests.labels(up.name, seen.get(REVISION_HEADER, "stable")).inc()
+            account(self.metrics, up, data.get("usage"), hold)  # counted (and billed) even if replaced below
+            conf = answers.mean_logprob(data, endpoint) if check else None
+            if check and not answers.client_wants_logprobs(body):
+                data = answers.without_logprobs(data)
+            hdrs = {**seen, **plan_headers(plan, i, cache_state(key))}
+            own: dict[str, str] = {}  # what the checks said of this answer
+            if conf is not None:
+                own["x-oculis-answer-logprob"] = f"{conf:.4f}"
+            low = check is not None and check.min_mean_logprob is not None and conf is not None \
+                and conf < check.min_mean_logprob
+            score = None
+            if verifier is not None and not low:  # an answer the logprobs already doubted needs no grading
+                score = await self.grade(verifier, plan, body, data, endpoint, route_label, hold)
+                if score is not None:
+                    own["x-oculis-answer-score"] = str(score)
+            hdrs.update({"x-oculis-escalation-reason": "answer", **doubted[1]} if doubted is not None else own)
+            if replaced:  # which tiers answered first: the cascade's cost (eval run) needs the whole chain
+                hdrs["x-oculis-replaced-tiers"] = ",".join(replaced)
+            if low or (verifier is not None and score is not None and score < verifier.min_score):
+                reason = answers.LOW_LOGPROB if low else answers.LOW_SCORE
+                self.metrics.escalations.labels(route_label, reason).inc()
+                doubted = (JSONResponse(data, headers=hdrs), own, i)
+                replaced.append(plan.tier_names[i])
+                continue
+            self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "ok").inc()
+            if key is not None and plan.route and plan.route.store and i == 0 and rcache.storable(endpoint, data):
+                await plan.route.store.set(key, data)
+            return JSONResponse(data, headers=hdrs)
+        if doubted is not None:
+            return self.doubted(doubted, plan, route_label)
+        raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")
+
+    def doubted(self, doubted: tuple[JSONResponse, dict[str, str], int], plan: Plan, route_label: str) -> JSONResponse:
+        i = doubted[2]
+        self.metrics.requests.labels(route_label, plan.tier_names[i], plan.tiers[i].name, "ok").inc()
+        return doubted[0]
+
+    async def buffered(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
+                        route_label: str, hold: Hold | None = None) -> Response:
+        """A stream on a route with escalation.on_answer.buffer_streams: answered whole (checked like a
+        non-streamed request), then sent as the stream the client asked for."""
+        resp = await self.complete(answers.unbuffered(body), plan, endpoint, key, route_label, hold)
+        if resp.status_code != 200 or not isinstance(resp, JSONResponse):
+            return resp
+        events = rcache.sse_from_response(json.loads(bytes(resp.body)), endpoint, rcache.stream_wants_usage(body))
+        hdrs = {k: v for k, v in resp.headers.items() if k not in ("content-length", "content-type")}
+        return StreamingResponse(replay(events), headers={**hdrs, **SSE_HEADERS}, media_type="text/event-stream")
+
+    async def stream(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
+                      route_label: str, hold: Hold | None = None) -> Response:
+        for i, up in enumerate(plan.tiers):
+            t0 = time.perf_counter()
+            try:
+                resp, translator = await self.caller.open_stream(up, endpoint, body, self.attempt(plan, i))
+            except UpstreamRejected as rej:
+                return self.rejected(rej, plan, i, key, route_label)
+            except UpstreamFailed as exc:
+                self.failed(exc, plan, i, route_label)
+                continue
+            self.metrics.revision_requests.labels(up.name, resp.revision).inc()
+            store = plan.route.store if (plan.route and key is not None and i == 0) else None
+            gen = relay(self.metrics, resp, translator, up, t0, route_label, plan.tier_names[i], store, key, endpoint,
+                        hold)
+            return StreamingResponse(gen, media_type="text/event-stream", headers={
+                **relayed_headers(resp.headers), **plan_headers(plan, i, cache_state(key)),
+                REVISION_HEADER: resp.revision, **SSE_HEADERS})
+        raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")

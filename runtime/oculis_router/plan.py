@@ -1,0 +1,152 @@
+"""Step 1 of the request path (plan -> pick -> call -> relay): which tiers a request will try, in
+order, settled before any upstream is called. The route's classifier orders the tiers (`decide`),
+tiers that cannot take the request are skipped, and the route's cold_start handles tiers whose
+upstream is scaled to zero. The headers that tell the client what was decided are built here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from oculis import Timeouts, Upstream
+from oculis_router import answer_check as answers
+from oculis_router import decide
+from oculis_router.errors import APIError, bad_request
+from oculis_router.metrics import Metrics
+from oculis_router.providers import refusal
+from oculis_router.state import ConfigHolder, RouteRuntime, Runtime
+
+COLD_START_POLL_S = 0.25  # how often a request held by cold_start: wait looks for a reloaded config
+
+
+@dataclass
+class Plan:
+    """What one request will do, settled before any upstream is called."""
+
+    route: RouteRuntime | None
+    tiers: list[Upstream]  # the upstream to try first, then the ones to escalate to
+    tier_names: list[str]
+    complexity: float | None
+    escalated: bool
+    timeouts: list[Timeouts | None] = field(default_factory=list)  # per tier: overrides of its upstream's
+    prompt_tokens: int | None = None  # the classifier's count (None: not classified), for rate limits
+    confidence: float | None = None  # the classifier's (None: not classified), for the decision log
+    cold_start: str = ""  # what the route's cold_start did (x-oculis-cold-start): escalated or waited
+    verifier: Upstream | None = None  # the route's escalation.on_answer.verifier upstream, if any
+
+
+class ColdStartError(APIError):
+    """A 503 for a tier whose upstream is scaled to zero (cold_start fail, or wait past its bound), with
+    Retry-After and x-oculis-cold-start saying which."""
+
+    def __init__(self, message: str, action: str, retry_after: float, upstream: str) -> None:
+        super().__init__(503, message, type_="service_unavailable", code=f"cold_start_{action}")
+        self.headers = {"retry-after": str(max(1, round(retry_after))), "x-oculis-cold-start": action,
+                        "x-oculis-upstream": upstream}
+
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        return super().response({**self.headers, **(headers or {})})
+
+
+def narrowed(plan: Plan, order: tuple[int, ...], action: str = "") -> Plan:
+    """The plan with only the tiers at `order` (positions in its tier list)."""
+    return replace(plan, tiers=[plan.tiers[i] for i in order], tier_names=[plan.tier_names[i] for i in order],
+                   timeouts=[plan.timeouts[i] for i in order] if plan.timeouts else [],
+                   escalated=plan.escalated or (bool(order) and order[0] > 0), cold_start=action or plan.cold_start)
+
+
+def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: str = "chat") -> Plan:
+    name = body["model"]
+    if name in rt.upstreams:
+        return Plan(None, [rt.upstreams[name]], ["direct"], None, False)
+    rr = rt.routes.get(name)
+    if rr is None:
+        # Not the list of names: upstream names are internal (GET /v1/models, behind the same auth, has them).
+        raise APIError(404, f"the model {name[:200]!r} does not exist: name a route or upstream of this router "
+                       "(GET /v1/models lists them)", param="model", code="model_not_found")
+    t0 = time.perf_counter()
+    try:
+        # A tier whose upstream cannot take this request (Anthropic: no /v1/completions, a field it cannot
+        # translate) is skipped like one without the prompt's modality (decide.tier_order).
+        skip = {t.upstream: why for t in rr.route.tiers
+                if (why := refusal(rt.upstreams[t.upstream], endpoint, body)) is not None}
+        c, decision = rr.scorer.score(body, skip)
+    except ValueError as exc:
+        raise bad_request(str(exc), param="messages") from None
+    metrics.classification.labels(name).observe(time.perf_counter() - t0)
+    if not decision.order:
+        why = skip.get(decision.tier.upstream) or next(iter(skip.values()))
+        raise APIError(why.status, f"route {name!r} has no tier that can take this request: {why.message}",
+                       param=why.param, code=why.code)
+    tiers = [rr.route.tiers[i] for i in decision.order]
+    if decision.escalated:
+        metrics.escalations.labels(name, "low_confidence").inc()
+    check = rr.route.escalation.on_answer
+    verifier = rt.upstreams.get(check.verifier.upstream) if check is not None and check.verifier else None
+    return Plan(rr, [rt.upstreams[t.upstream] for t in tiers], [t.name for t in tiers], c.complexity,
+                decision.escalated, [t.timeouts for t in tiers], c.prompt_tokens, c.confidence, verifier=verifier)
+
+
+async def cold_start(plan: Plan, route_label: str, holder: ConfigHolder, metrics: Metrics) -> Plan:
+    """Count the demand for the first tier's upstream (it wakes one at zero), then apply the route's
+    cold_start to tiers whose upstream is scaled to zero (decide.cold_start)."""
+    first = plan.tiers[0]
+    metrics.upstream_demand.labels(first.name).inc()
+    route = plan.route.route if plan.route else None
+    cs = decide.cold_start([u.scaled_to_zero for u in plan.tiers], route.cold_start if route else "wait")
+    if cs.action == "none":
+        return plan if len(cs.order) == len(plan.tiers) else narrowed(plan, cs.order)
+    if cs.action == "escalated":
+        metrics.cold_starts.labels(route_label, first.name, "escalated").inc()
+        return narrowed(plan, cs.order, "escalated")
+    wait_s = route.cold_start_wait_seconds if route else 60.0
+    if cs.action == "fail":
+        metrics.cold_starts.labels(route_label, first.name, "failed").inc()
+        raise ColdStartError(f"upstream {first.name!r} is scaled to zero and is being woken (route cold_start: "
+                             "fail); retry after Retry-After, or set coldStart: escalate to have the next tier "
+                             "answer meanwhile", "failed", wait_s, first.name)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        await asyncio.sleep(COLD_START_POLL_S)
+        up = holder.current.upstreams.get(first.name)
+        if up is not None and not up.scaled_to_zero:  # the reloaded config says a replica serves
+            metrics.cold_starts.labels(route_label, first.name, "waited").inc()
+            return replace(plan, tiers=[up, *plan.tiers[1:]], cold_start="waited")
+    metrics.cold_starts.labels(route_label, first.name, "timeout").inc()
+    raise ColdStartError(f"upstream {first.name!r} is scaled to zero and no replica served within "
+                         f"cold_start_wait_seconds ({wait_s:g} s); it is being woken: retry later, or set "
+                         "coldStart: escalate", "timeout", wait_s, first.name)
+
+
+def chains(plan: Plan) -> tuple[list[bool], list[answers.Grading | None]]:
+    """Per tier: may its answer be replaced by the next one's, and what grading it costs (for the
+    limiter's dollar reservation)."""
+    route, n = (plan.route.route if plan.route else None), len(plan.tiers)
+    graded: list[answers.Grading | None] = []
+    for i in range(n):
+        v = answers.verifier_for(route, i, n)
+        graded.append(None if v is None or plan.verifier is None else answers.Grading.of(v, plan.verifier))
+    return [answers.replaceable(route, u, i, n) for i, u in enumerate(plan.tiers)], graded
+
+
+def headers(plan: Plan, i: int, cache: str) -> dict[str, str]:
+    """What the client is told of the decision when tier i answers (cache: hit, miss or bypass)."""
+    h = {"x-oculis-tier": plan.tier_names[i], "x-oculis-upstream": plan.tiers[i].name, "x-oculis-cache": cache,
+         "x-oculis-escalated": "true" if plan.escalated or i > 0 else "false"}
+    if plan.route:  # a call that names an upstream has no route, and gets no empty header for it
+        h["x-oculis-route"] = plan.route.route.name
+    if plan.complexity is not None:
+        h["x-oculis-complexity"] = f"{plan.complexity:.4f}"
+    if plan.cold_start:
+        h["x-oculis-cold-start"] = plan.cold_start
+    return h
+
+
+def cache_state(key: str | None) -> str:
+    """x-oculis-cache of an answer that did not come from the cache."""
+    return "bypass" if key is None else "miss"
