@@ -205,12 +205,17 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
         return JSONResponse(document([m["id"] for m in describe(holder.current)]))
 
     async def readyz(request: Request) -> Response:
+        # A rejected newer file is named beside the config in force: "ready" says what serves, never
+        # that the file on disk does.
+        pending = {"rejected": {"config": holder.rejected.digest[:12], "reason": holder.rejected.reason}} \
+            if holder.rejected else {}
         if holder.waiting:
-            return JSONResponse({"status": "waiting for config", "config": str(holder.path)}, status_code=503)
+            return JSONResponse({"status": "waiting for config", "config": str(holder.path), **pending},
+                                status_code=503)
         if holder.watch_stopped:  # serving, but blind to config changes: not a state to stay in unnoticed
             return JSONResponse({"status": f"config reload watcher stopped: {holder.watch_stopped}",
-                                 "config": holder.current.digest[:12]}, status_code=503)
-        return JSONResponse({"status": "ready", "config": holder.current.digest[:12]})
+                                 "config": holder.current.digest[:12], **pending}, status_code=503)
+        return JSONResponse({"status": "ready", "config": holder.current.digest[:12], **pending})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -4,9 +4,13 @@ A `Runtime` is an immutable snapshot built from one valid config: routes with th
 cache stores. Each request takes the snapshot in force when it starts and keeps it to the end, so a
 reload never drops or changes an in-flight request. A new file that does not parse or validate is
 rejected (logged once, counted) and the last good snapshot keeps serving; the next good file
-applies. Whatever a write holds (invalid UTF-8, YAML nested past the recursion limit, a schema
-error, a setting that fails to build) is a rejection, never an exception that ends the watcher;
-should the watcher stop anyway, `watch_stopped` says why and `/readyz` turns 503 naming it.
+applies. A rejected file is not forgotten: it is tried again when a file it depends on changes (a
+classifier head that lands after the config, as ConfigMaps do), when it is written again with the
+same bytes (`touch`), and every `RETRY_REJECTED_S`; it applies as soon as it builds, and until then
+`/readyz` names it as rejected next to the config in force. Whatever a write holds (invalid UTF-8,
+YAML nested past the recursion limit, a schema error, a setting that fails to build) is a
+rejection, never an exception that ends the watcher; should the watcher stop anyway,
+`watch_stopped` says why and `/readyz` turns 503 naming it.
 Stores and scorers whose settings did not change are carried over, so a reload keeps caches warm;
 those a reload dropped are closed once in-flight requests of the old snapshot have had time to end.
 """
@@ -51,6 +55,18 @@ class Runtime:
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a ConfigMap holds 1 MiB; anything far larger is not a config
 RETIRE_AFTER_S = 600.0  # a dropped cache store outlives the longest in-flight request of the old snapshot
 WAITING = ""  # the digest of the empty runtime served until a config file first appears
+RETRY_REJECTED_S = 30.0  # a rejected config is tried again this often (its fault may lie outside the file)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A config file that did not build, kept to be tried again (ConfigHolder.retry_rejected)."""
+
+    digest: str
+    raw: bytes
+    reason: str
+    deps: dict[Path, tuple[int, int] | None]  # files it reads (classifier heads), by stamp when tried
+    tried_at: float
 
 
 def with_shared_redis(config: RouterConfig, redis_url: str | None) -> RouterConfig:
@@ -83,19 +99,25 @@ class ConfigHolder:
         self._redis_clients: dict[str, Any] = {}
         self._retired: list[tuple[float, Store | Limiter]] = []  # (when dropped, store) by a reload, closed later
         self._limiter: tuple[str, Limiter] | None = None  # kept across reloads with its backend: counts survive
-        self._rejected: str | None = None  # digest of the last file refused, so it is logged once
+        self.rejected: Rejected | None = None  # the newest file refused, tried again until it applies
         self._unreadable: str | None = None  # the last read error, so a lasting one is logged once
         self.watch_stopped: str | None = None  # why the reload watcher ended, if it did
         if config is None:
             assert path is not None
+            waiting = Runtime(RouterConfig.model_construct(upstreams=[], routes=[]), WAITING, {}, {})
             if wait_for_file and not path.exists():
-                self.current = Runtime(RouterConfig.model_construct(upstreams=[], routes=[]), WAITING, {}, {})
+                self.current = waiting
                 self._stamp = None
                 log.warning("no config at %s yet; not ready until it appears", path)
                 return
             raw = path.read_bytes()
-            config = self._parse(raw)
             digest = hashlib.sha256(raw).hexdigest()
+            if wait_for_file:  # a config whose head files have not landed yet: not ready until it builds
+                self.current, self._stamp = waiting, self._stat()
+                if not self._try(raw, digest, loud=True):
+                    log.warning("not ready until %s builds (retried when a file it reads changes)", path)
+                return
+            config = self._parse(raw)
         else:
             digest = hashlib.sha256(config.model_dump_json().encode()).hexdigest()
         self.current = self._build(config, digest)
@@ -201,34 +223,66 @@ class ConfigHolder:
         return MemoryStore(route.cache.max_entries, route.cache.ttl_seconds)
 
     def reload(self) -> bool:
-        """Re-read the file if it changed; True when a new config took effect. Raises only OSError
-        (the file could not be read: retried on the next tick)."""
+        """Re-read the file if it changed (a new write of the same bytes too: it retries a rejected
+        one), else retry a rejected file that is due (retry_rejected), else reload replaced head
+        files; True when a new config took effect. Raises only OSError (the file could not be read:
+        retried on the next tick)."""
         stamp = self._stat()
         if stamp is None or stamp == self._stamp or self.path is None:
-            return self._reload_heads()
+            return self.retry_rejected() or self._reload_heads()
         too_large = stamp[1] > MAX_CONFIG_BYTES  # not even read
         raw = b"" if too_large else self.path.read_bytes()
         digest = f"too-large:{stamp}" if too_large else hashlib.sha256(raw).hexdigest()
         self._stamp = stamp
         self._unreadable = None
-        if digest in (self.current.digest, self._rejected):
+        if digest == self.current.digest:  # written back to the config in force: nothing is pending
+            self.rejected = None
             return False
+        return self._try(raw, digest, loud=True, too_large=stamp[1] if too_large else None)
+
+    def retry_rejected(self, now: float | None = None) -> bool:
+        """Try the rejected file again when a file it reads changed (a head that was missing or bad)
+        or `RETRY_REJECTED_S` passed; True when it applied. Said again only if the reason changed."""
+        r = self.rejected
+        if r is None:
+            return False
+        now = time.monotonic() if now is None else now
+        if all(_file_stamp(p) == st for p, st in r.deps.items()) and now - r.tried_at < RETRY_REJECTED_S:
+            return False
+        return self._try(r.raw, r.digest, loud=False)
+
+    def _try(self, raw: bytes, digest: str, loud: bool, too_large: int | None = None) -> bool:
+        """Build and adopt the config in `raw`; on failure keep it as `rejected` (the previous config
+        keeps serving), logged and counted when `loud` (a new write) or when its reason changed."""
+        deps: dict[Path, tuple[int, int] | None] = {}
         try:
-            if too_large:
-                raise ConfigError(f"{self.path}: {stamp[1]} bytes is larger than any configuration "
+            if too_large is not None:
+                raise ConfigError(f"{self.path}: {too_large} bytes is larger than any configuration "
                                   f"({MAX_CONFIG_BYTES} bytes at most)")
-            runtime = self._build(self._parse(raw), digest)
+            config = self._parse(raw)
+            deps = self._head_stamps(config)
+            runtime = self._build(config, digest)
         except Exception as exc:  # whatever a file holds, it must not stop the reloads
-            self._rejected = digest
-            self.metrics.reloads.labels("rejected").inc()
-            detail = str(exc) if isinstance(exc, ConfigError | ValueError) else f"{type(exc).__name__}: {exc}"
-            log.error("rejected new config, still serving the previous one: %s", detail)
+            reason = str(exc) if isinstance(exc, ConfigError | ValueError) else f"{type(exc).__name__}: {exc}"
+            before = self.rejected
+            self.rejected = Rejected(digest, raw, reason, deps, time.monotonic())
+            if loud or before is None or (before.digest, before.reason) != (digest, reason):
+                self.metrics.reloads.labels("rejected").inc()
+                log.error("rejected new config %s, %s: %s (tried again when it or a file it reads changes, and "
+                          "every %g s)", digest[:12], "still waiting for a config" if self.waiting
+                          else "still serving the previous one", reason, RETRY_REJECTED_S)
             return False
+        retried = self.rejected is not None and self.rejected.digest == digest
         self.current = runtime
-        self._rejected = None
+        self.rejected = None
         self.metrics.reloads.labels("applied").inc()
-        log.info("applied new config %s", digest[:12])
+        log.info("applied new config %s%s", digest[:12], " (rejected before)" if retried else "")
         return True
+
+    def _head_stamps(self, config: RouterConfig) -> dict[Path, tuple[int, int] | None]:
+        config_dir = self.path.parent if self.path else None
+        return {p: _file_stamp(p) for p in (head_file(r.classifier.head_path, config_dir)
+                                             for r in config.routes if r.classifier.head_path)}
 
     def _reload_heads(self) -> bool:
         """The config is unchanged but a route's head file was replaced (a new `oculis classifier fit`,

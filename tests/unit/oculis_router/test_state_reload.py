@@ -176,3 +176,52 @@ def test_a_config_refused_late_in_its_build_leaves_the_stores_in_force_alone(
     holder.tick()
     assert counted(metrics, "rejected") == 1 and holder.current.routes["first"].store is store
     assert all(s is not store for _, s in holder._retired)  # not to be closed under the config in force
+
+
+def test_hot_reload_retries_a_rejected_config_on_touch_and_periodically(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A config refused for a reason outside the file (here a setting whose build fails until it is
+    fixed) is tried again when the same bytes are written again (`touch`) and every RETRY_REJECTED_S,
+    and said again only when its reason changes (QA pass 2, finding 1)."""
+    import os
+    import time
+
+    path = tmp_path / "oculis-config.yaml"
+    path.write_text(config("first"))
+    metrics = Metrics()
+    holder = ConfigHolder(path, metrics)
+    real, broken = state.RouteScorer, {"yes": True}
+
+    def scorer(route: state.Route) -> state.RouteScorer:
+        if route.name == "second" and broken["yes"]:
+            raise ValueError("not yet")
+        return real(route)
+
+    monkeypatch.setattr(state, "RouteScorer", scorer)
+    path.write_text(config("first", "second"))
+    with caplog.at_level(logging.INFO, logger="oculis.router"):
+        holder.tick()
+        assert holder.rejected is not None and set(holder.current.routes) == {"first"}
+        for _ in range(3):
+            holder.tick()
+        assert counted(metrics, "rejected") == 1  # once, not once a tick
+        assert holder.retry_rejected(now=time.monotonic() + state.RETRY_REJECTED_S + 1) is False
+        assert counted(metrics, "rejected") == 1  # the periodic retry failed for the same reason: not said again
+        broken["yes"] = False
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # `touch`: same bytes, new stamp
+        holder.tick()
+    assert set(holder.current.routes) == {"first", "second"} and holder.rejected is None
+    assert counted(metrics, "applied") == 1
+
+    path.write_text(config("first", "second", "third"))
+    broken["yes"] = True
+    monkeypatch.setattr(state, "RouteScorer", lambda route: (_ for _ in ()).throw(ValueError("down"))
+                        if route.name == "third" and broken["yes"] else real(route))
+    holder.tick()
+    assert "third" not in holder.current.routes
+    broken["yes"] = False
+    holder.tick()  # not due yet: no change to any file it reads
+    assert "third" not in holder.current.routes
+    assert holder.retry_rejected(now=time.monotonic() + state.RETRY_REJECTED_S + 1) is True
+    assert "third" in holder.current.routes
