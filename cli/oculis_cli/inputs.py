@@ -42,14 +42,19 @@ def load_yaml(text: str, what: str) -> Any:
         raise InputError(f"{what}: nested too deeply to parse; flatten the document") from None
 
 
+def one_line(exc: BaseException) -> str:
+    """A ConfigError on one line: `source: invalid configuration: a; b`."""
+    head, _, problems = str(exc).partition("\n")
+    return " ".join([head, "; ".join(problems.splitlines())]).strip()
+
+
 def read_config(path: Path) -> RouterConfig:
     """An `oculis-config.yaml` through the router's own parser (the one schema); InputError otherwise."""
     text = read_text(path, "config")
     try:
         return parse_config(text, str(path))
     except ConfigError as exc:
-        head, _, problems = str(exc).partition("\n")  # one line: `source: invalid configuration: a; b`
-        raise InputError(" ".join([head, "; ".join(problems.splitlines())]).strip()) from None
+        raise InputError(one_line(exc)) from None
     except RecursionError:
         raise InputError(f"--config {path}: nested too deeply to parse; flatten the document") from None
 

@@ -10,9 +10,9 @@ import socket
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from oculis_cli.inputs import InputError, finite_float, port_number, read_config
+from oculis.router import ConfigError, redis_url_problem
+from oculis_cli.inputs import InputError, finite_float, one_line, port_number, read_config
 
 
 def register(sub: Any) -> None:
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"oculis serve: --client-keys-env {args.client_keys_env!r} is not an environment variable name",
               file=sys.stderr)
         return 2
-    if args.redis_url is not None and (why := redis_url_problem(args.redis_url)):
+    if args.redis_url is not None and (why := redis_url_problem(args.redis_url, "--redis-url")):
         print(f"oculis serve: {why}", file=sys.stderr)
         return 2
     if args.shutdown_grace < 0:
@@ -82,34 +82,22 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     metrics = Metrics()
+    try:  # builds the config (its classifier heads, decision-log sinks, stores): refused before binding anything
+        app = build_app(config_path=args.config, metrics=metrics, wait_for_config=args.wait_for_config,
+                        client_keys_env=args.client_keys_env, endpoints=args.endpoints, redis_url=args.redis_url)
+    except (ConfigError, ValueError) as exc:  # the file changed since the preflight, or a file it reads is bad
+        print(f"oculis serve: {args.config}: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"oculis serve: {args.config}: cannot be read: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
-    app = build_app(config_path=args.config, metrics=metrics, wait_for_config=args.wait_for_config,
-                    client_keys_env=args.client_keys_env, endpoints=args.endpoints, redis_url=args.redis_url)
     # On SIGTERM (a rolling restart) uvicorn stops accepting, lets in-flight requests and streams
     # finish for up to --shutdown-grace seconds, then exits: no answer is cut short by a restart.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 loop="uvloop", http="httptools", backlog=4096, timeout_graceful_shutdown=args.shutdown_grace)
     return 0
-
-
-REDIS_SCHEMES = ("redis", "rediss", "unix")  # what redis-py's from_url accepts
-
-
-def redis_url_problem(url: str) -> str | None:
-    """Why redis-py would refuse this URL at the first request, as one line (the password not echoed)."""
-    parts = urlsplit(url)
-    shown = url.replace(f":{parts.password}@", ":***@", 1) if parts.password else url
-    if parts.scheme not in REDIS_SCHEMES:
-        return (f"--redis-url {shown!r}: the scheme must be one of {', '.join(s + '://' for s in REDIS_SCHEMES)}; "
-                "e.g. redis://redis:6379/0")
-    if parts.scheme != "unix" and not parts.hostname:
-        return f"--redis-url {shown!r}: names no host; e.g. redis://redis:6379/0"
-    try:
-        parts.port  # noqa: B018 -- raises for a port that is not a number or out of range
-    except ValueError as exc:
-        return f"--redis-url {shown!r}: {exc}; e.g. redis://redis:6379/0"
-    return None
 
 
 def bind_problem(host: str, port: int, flag: str = "--port") -> tuple[int, str] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -400,6 +401,26 @@ class RouteBody(Model):
         return self
 
 
+REDIS_SCHEMES = ("redis", "rediss", "unix")  # what redis-py's from_url accepts
+
+
+def redis_url_problem(url: str, field: str = "server.redis_url") -> str | None:
+    """Why redis-py would refuse this URL when the router builds its cache or limiter (a traceback at
+    start, a rejected reload), as one line naming `field` (the password not echoed)."""
+    parts = urlsplit(url)
+    shown = url.replace(f":{parts.password}@", ":***@", 1) if parts.password else url
+    if parts.scheme not in REDIS_SCHEMES:
+        return (f"{field} {shown!r}: the scheme must be one of {', '.join(s + '://' for s in REDIS_SCHEMES)}; "
+                "e.g. redis://redis:6379/0")
+    if parts.scheme != "unix" and not parts.hostname:
+        return f"{field} {shown!r}: names no host; e.g. redis://redis:6379/0"
+    try:
+        parts.port  # noqa: B018 -- raises for a port that is not a number or out of range
+    except ValueError as exc:
+        return f"{field} {shown!r}: {exc}; e.g. redis://redis:6379/0"
+    return None
+
+
 class ServerSettings(Model):
     """Router process settings."""
 
@@ -430,6 +451,8 @@ class ServerSettings(Model):
             raise ValueError("server.redis_url is required when server.cache_backend is redis")
         if self.limiter.backend == "redis" and not self.redis_url:
             raise ValueError("server.redis_url is required when server.limiter.backend is redis")
+        if self.redis_url is not None and (why := redis_url_problem(self.redis_url)):
+            raise ValueError(why)
         return self
 
 

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TextIO
 
 from oculis.router import DecisionLog
@@ -56,6 +57,23 @@ def entry(cfg: DecisionLog, route: str, body: Mapping[str, Any], complexity: flo
     if cfg.include_prompts:
         out.update(prompt_of(body))
     return out
+
+
+def sink_problem(sink: str) -> str | None:
+    """Why lines could not be appended to `sink` (a directory, a folder that does not exist, no write
+    permission), checked when a config is loaded so it is refused naming the field, instead of every
+    line being lost from the first request on. Opening for append creates the file, as the first line
+    would."""
+    if sink == "stdout":
+        return None
+    if Path(sink).is_dir():
+        return f"{sink!r} is a directory; give a file path in it, e.g. {str(Path(sink) / 'decisions.jsonl')!r}"
+    try:
+        with open(sink, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        return f"{sink!r} cannot be written ({exc.strerror or exc}); give a file in a writable folder, or stdout"
+    return None
 
 
 class DecisionSink:

@@ -28,6 +28,7 @@ from typing import Any
 from oculis import ConfigError, Route, RouterConfig, Upstream, parse_config
 from oculis_router.cache import MemoryStore, RedisStore, Store, new_redis_client
 from oculis_router.decide import RouteScorer, head_file
+from oculis_router.decisionlog import sink_problem
 from oculis_router.limits import limited_anywhere
 from oculis_router.limits_store import Limiter, build_limiter
 from oculis_router.metrics import Metrics
@@ -167,6 +168,8 @@ class ConfigHolder:
             except ValueError as exc:  # a head file missing or not a head
                 raise ConfigError(f"routes[{route.name}].classifier.head_path: {exc}") from None
             scorers[skey] = scorer
+            if route.decision_log is not None and (why := sink_problem(route.decision_log.sink)):
+                raise ConfigError(f"routes[{route.name}].decision_log.sink: {why}")
             store = None
             if route.cache.enabled:
                 ckey = f"{route.name}:{route.cache.model_dump_json()}:{config.server.model_dump_json()}"
