@@ -95,12 +95,12 @@ def main() -> int:
     args = ap.parse_args()
     rows = load_rows()
     if args.curve_only:
-        with np.load(classify.data_path(f"{classify.DEFAULT_MODEL}.npz")) as z:
+        with np.load(classify.model_file(classify.DEFAULT_MODEL)) as z:
             adaptation_curve(rows, dict(zip(z["fold_groups"].tolist(), z["fold_index"].tolist(), strict=True)),
                              args.boot)
         return 0
     head = classify.ComplexityClassifier.packaged().head
-    z = np.load(classify.data_path(f"{classify.DEFAULT_MODEL}.npz"))
+    z = np.load(classify.model_file(classify.DEFAULT_MODEL))
     fold_of_group = dict(zip(z["fold_groups"].tolist(), z["fold_index"].tolist(), strict=True))
 
     length, rules, oof, conf = [], [], [], []

@@ -324,7 +324,7 @@ def main() -> int:
     rand = rng.random(len(d.rows))
     # The packaged head as shipped, each prompt scored by its fold head that never saw the prompt's
     # subject (its own folds, fitted on the whole split: not bound by this protocol, shown for reference).
-    with np.load(classify.data_path(f"{classify.DEFAULT_MODEL}.npz")) as z:
+    with np.load(classify.model_file(classify.DEFAULT_MODEL)) as z:
         fold_of = dict(zip(z["fold_groups"].tolist(), z["fold_index"].tolist(), strict=True))
     head = classify.ComplexityClassifier.packaged().head
     shipped = np.array([head.raw(ids, n)[1 + fold_of[g]] for ids, n, g in zip(d.ids, d.n_pieces, d.groups,

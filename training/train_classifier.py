@@ -34,7 +34,7 @@ from routing_data import load_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = ROOT / "runtime" / "oculis_router" / "classifier_data"
-NAME = "oculis-minilm-static-v1"
+NAME = "oculis-router-small-v2"  # the file of the classifier oculis/router-small-v2 (classify.model_file)
 DIMS, C, BLEND, FOLDS = 32, 0.1, 0.3, 5
 
 

@@ -130,8 +130,10 @@ def inferenceroute_crd() -> dict[str, Any]:
                                       "message": "metadata.name must be at most 63 characters"}],
     }
     spec["x-kubernetes-validations"] = [
-        {"rule": "!has(self.tiers[size(self.tiers) - 1].match) || (!has(self.tiers[size(self.tiers) - 1].match"
-                 ".complexityBelow) && !has(self.tiers[size(self.tiers) - 1].match.maxPromptTokens))",
+        {"rule": "(!has(self.tiers[size(self.tiers) - 1].match) || (!has(self.tiers[size(self.tiers) - 1].match"
+                 ".complexityBelow) && !has(self.tiers[size(self.tiers) - 1].match.maxPromptTokens))) && "
+                 "!has(self.tiers[size(self.tiers) - 1].complexityBelow) && "
+                 "!has(self.tiers[size(self.tiers) - 1].maxPromptTokens)",
          "message": "the last tier must catch all: give it `match: {}`", "fieldPath": ".tiers"},
         {"rule": "self.tiers.all(t, self.tiers.exists_one(u, u.name == t.name))",
          "message": "tier names must be unique", "fieldPath": ".tiers"},

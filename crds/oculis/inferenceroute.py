@@ -145,13 +145,22 @@ _IDX = "[" + ", ".join(str(i) for i in range(16)) + "]"  # tiers has maxItems 16
 _TEXT = "[" + ", ".join(f"'{i}'" for i in range(16)) + "]"
 
 
-def _has(t: str, f: str) -> str:
+def _in_match(t: str, f: str) -> str:
     return f"(has({t}.match) && has({t}.match.{f}))"
+
+
+def _has(t: str, f: str) -> str:
+    """The tier gives rule f, under match or flat (SemanticTier's two spellings)."""
+    return f"({_in_match(t, f)} || has({t}.{f}))"
+
+
+def _val(t: str, f: str) -> str:
+    return f"({_in_match(t, f)} ? {t}.match.{f} : {t}.{f})"
 
 
 def _covers(a: str, b: str) -> str:
     return " && ".join(
-        f"(!{_has(a, f)} || ({_has(b, f)} && {b}.match.{f} <= {a}.match.{f}))"
+        f"(!{_has(a, f)} || ({_has(b, f)} && {_val(b, f)} <= {_val(a, f)}))"
         for f in ("complexityBelow", "maxPromptTokens"))
 
 

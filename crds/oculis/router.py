@@ -11,7 +11,15 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from oculis.base import Model, format_errors
 
@@ -132,13 +140,31 @@ class TierMatch(Model):
 Modality = Literal["text", "image", "audio"]
 
 
+# The rules a tier may also give flat, beside its name (`SemanticTier(name=..., complexity_below=0.35)`, as
+# the Throughput & Cost page writes them), in both spellings the schema accepts.
+FLAT_RULES = {"complexity_below": "complexityBelow", "max_prompt_tokens": "maxPromptTokens"}
+# CRD: a tier gives its rules flat or under `match`, never both (the same check as _one_spelling).
+ONE_SPELLING_RULE: dict[str, Any] = {
+    "rule": "!((has(self.complexityBelow) || has(self.maxPromptTokens)) && has(self.match))",
+    "message": "give complexityBelow/maxPromptTokens either flat on the tier or under match, not both",
+}
+
+
 class SemanticTier(Model):
-    """One tier of a route: tried in order, the first whose match holds answers."""
+    """One tier of a route: tried in order, the first whose match holds answers. Its rules are given
+    under `match` or flat on the tier (`complexity_below=0.35, max_prompt_tokens=2000`): both spellings
+    give the same tier and serialise as `match`; a tier with neither matches everything else."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [ONE_SPELLING_RULE]})
 
     name: str = Field(pattern=NAME_PATTERN, max_length=63)
     """Tier name (shown in X-Oculis-Tier and metrics)"""
     match: TierMatch = Field(default_factory=TierMatch)
     """Rules for this tier; the last tier must have none"""
+    complexity_below: float | None = Field(None, gt=0, le=1, exclude=True)
+    """Flat spelling of match.complexityBelow (one spelling per tier); reads back the match's value"""
+    max_prompt_tokens: int | None = Field(None, ge=1, exclude=True)
+    """Flat spelling of match.maxPromptTokens (one spelling per tier); reads back the match's value"""
     upstream: str = Field(max_length=253)
     """Upstream (GPUUpstream name) that answers"""
     modalities: list[Modality] | None = Field(None, min_length=1)
@@ -146,16 +172,68 @@ class SemanticTier(Model):
     timeouts: Timeouts | None = None
     """Timeouts for this tier's calls; set fields override the upstream's"""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: Any) -> Any:
+        """Flat rules move under `match` (and the match's rules are mirrored flat), so both spellings
+        build the same object; `match` is always set, so both serialise the same way."""
+        if not isinstance(data, dict):
+            return data
+        flat = {k: v for snake, camel in FLAT_RULES.items() for k in (snake, camel) if k in data
+                for v in [data[k]] if v is not None}
+        has_match = "match" in data and data["match"] is not None
+        if flat and has_match:
+            name = data.get("name", "?")
+            raise ValueError(f"tier {name!r} gives {', '.join(flat)} flat and also `match`: use one spelling, "
+                             f"either flat keywords or match={{...}}, not both")
+        out = {k: v for k, v in data.items() if k not in FLAT_RULES and k not in FLAT_RULES.values()}
+        if flat:
+            out["match"] = {snake: data.get(snake, data.get(camel)) for snake, camel in FLAT_RULES.items()
+                            if data.get(snake, data.get(camel)) is not None}
+        elif not has_match:
+            out["match"] = {}
+        rules = out["match"]
+        if isinstance(rules, TierMatch):
+            rules = rules.model_dump(exclude_none=True)
+        if isinstance(rules, dict):
+            for snake, camel in FLAT_RULES.items():
+                value = rules.get(snake, rules.get(camel))
+                if value is not None:
+                    out[snake] = value
+        return out
 
-# The classifiers the router image ships (runtime/oculis_router/classifier_data/<name>.npz; a test
-# keeps the two in step), so a wrong name is refused at `kubectl apply` or config load, not at serve.
-ClassifierModel = Literal["oculis-minilm-static-v1"]
+
+# The classifiers the router image ships (runtime/oculis_router/classifier_data/<name with / as ->.npz;
+# a test keeps the two in step), so a wrong name is refused at `kubectl apply` or config load, not at
+# serve. The shipped one is named as the docs name it; older names are accepted and normalised to it,
+# so docs, status and metrics show one name.
+CLASSIFIER_MODEL = "oculis/router-small-v2"
+CLASSIFIER_MODELS = (CLASSIFIER_MODEL,)
+CLASSIFIER_ALIASES = {"oculis-minilm-static-v1": CLASSIFIER_MODEL}
+
+
+def classifier_name(value: Any) -> Any:
+    """A known classifier name or alias -> its one name; anything else is refused listing the known ones."""
+    if not isinstance(value, str):
+        return value
+    name = CLASSIFIER_ALIASES.get(value, value)
+    if name not in CLASSIFIER_MODELS:
+        aliases = ", ".join(f"{a} (alias of {n})" for a, n in CLASSIFIER_ALIASES.items())
+        raise ValueError(f"unknown classifier {value!r}; known: {', '.join(CLASSIFIER_MODELS)}, {aliases}; "
+                         "leave it empty for the packaged default")
+    return name
+
+
+ClassifierModel = Annotated[str, BeforeValidator(classifier_name),
+                            WithJsonSchema({"type": "string", "enum": [*CLASSIFIER_MODELS, *CLASSIFIER_ALIASES]})]
 
 
 class Classifier(Model):
     """The complexity classifier behind the tiers."""
 
-    model: ClassifierModel | None = Field(None, description="Classifier to use; empty selects the packaged default")
+    model: ClassifierModel | None = Field(None, description=(
+        f"Classifier to use: {CLASSIFIER_MODEL} (the router's packaged prompt-complexity model; "
+        f"{', '.join(CLASSIFIER_ALIASES)} is an older name for it); empty selects it"))
     head_path: str | None = Field(None, min_length=1, max_length=4096, description=(
         "A head written by `oculis classifier fit` (.npz), used instead of the packaged one; a relative path "
         "is relative to the config file's folder (for the router and `oculis route`/`eval` alike). "

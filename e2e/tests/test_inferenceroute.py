@@ -46,9 +46,12 @@ def test_route_renders_a_config_the_router_accepts(world: World) -> None:
                            "promptCache": {"minPrefixTokens": 1024},
                            "pricing": {"inputPerMtok": 2.5, "outputPerMtok": 10}}})
     eventually(lambda: world.ready("llama-8b"), what="upstream Ready")
-    world.custom.create_namespaced_custom_object(G, V, world.ns, "inferenceroutes", route("adaptive", [
-        {"name": "simple", "match": {"complexityBelow": 0.35, "maxPromptTokens": 2000}, "upstream": "llama-8b"},
-        {"name": "complex", "match": {}, "upstream": "gpt4o"}]))
+    # The docs' spelling: rules flat on the tier, no match on the last, the classifier by its older id.
+    body = route("adaptive", [
+        {"name": "simple", "complexityBelow": 0.35, "maxPromptTokens": 2000, "upstream": "llama-8b"},
+        {"name": "complex", "upstream": "gpt4o"}])
+    body["spec"]["classifier"]["model"] = "oculis-minilm-static-v1"
+    world.custom.create_namespaced_custom_object(G, V, world.ns, "inferenceroutes", body)
 
     def rendered() -> bool:
         c = route_status(world, "adaptive").get("conditions", [])
@@ -60,6 +63,8 @@ def test_route_renders_a_config_the_router_accepts(world: World) -> None:
     cfg = parse_config(config(world)["text"], "configmap")  # the router's own parser accepts it
     r = cfg.route("adaptive")
     assert [t.upstream for t in r.tiers] == ["llama-8b", "gpt4o"] and r.cache.enabled
+    assert (r.tiers[0].match.complexity_below, r.tiers[0].match.max_prompt_tokens) == (0.35, 2000)
+    assert r.classifier.model == "oculis/router-small-v2"  # one name in the rendered config
     llama = cfg.upstream("llama-8b")
     assert llama.base_url == f"http://llama-8b-vllm.{world.ns}.svc:8000/v1"
     assert llama.revision == world.get("llama-8b")["status"]["engineHash"]

@@ -32,9 +32,10 @@ from cachetools import TTLCache
 from numpy.typing import NDArray
 from tokenizers import Tokenizer
 
+from oculis.router import CLASSIFIER_MODEL, classifier_name
 from oculis_router.content import content_text
 
-DEFAULT_MODEL = "oculis-minilm-static-v1"
+DEFAULT_MODEL = CLASSIFIER_MODEL  # the schema's one name for the packaged head
 # Bounds on work per prompt: tokenisation is linear in text length, so very long prompts are cut
 # (the length signal still sees an estimate of the whole prompt).
 MAX_CHARS = 24_000
@@ -105,6 +106,12 @@ def data_path(name: str) -> Path:
     return Path(str(resources.files("oculis_router") / "classifier_data" / name))
 
 
+def model_file(model: str) -> Path:
+    """The packaged head of a classifier name (the schema's name: `oculis/router-small-v2` is
+    `oculis-router-small-v2.npz`)."""
+    return data_path(model.replace("/", "-") + ".npz")
+
+
 @cache
 def load_tokenizer() -> Tokenizer:
     tok = Tokenizer.from_file(str(data_path("tokenizer.json")))
@@ -147,11 +154,10 @@ class ComplexityClassifier:
     @classmethod
     def packaged(cls, model: str | None = None, cache_ttl_seconds: float = 3600,
                  max_entries: int = 100_000) -> ComplexityClassifier:
-        name = model or DEFAULT_MODEL
-        path = data_path(f"{name}.npz")
+        name = classifier_name(model or DEFAULT_MODEL)  # an alias, or an unknown name listing the known
+        path = model_file(name)
         if not path.exists():
-            raise ValueError(f"unknown classifier model {name!r}; leave `classifier.model` empty for the "
-                             f"packaged default ({DEFAULT_MODEL})")
+            raise ValueError(f"classifier {name!r} is not packaged with this router; reinstall oculis")
         return cls(_load_head(path), cache_ttl_seconds, max_entries)
 
     @classmethod

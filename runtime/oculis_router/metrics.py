@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -27,6 +27,10 @@ class Metrics:
         self.classification = Histogram("oculis_classification_seconds", "Prompt classification latency",
                                         ["route"], registry=r,
                                         buckets=(0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05))
+        # 1 per route, naming its classifier as the schema does (`oculis/router-small-v2`, whatever alias the
+        # config used) or `fitted:<file>` for a head written by `oculis classifier fit`.
+        self.route_classifier = Gauge("oculis_route_classifier_info", "The classifier each route scores with",
+                                      ["route", "classifier"], registry=r)
         self.cache = Counter("oculis_cache_lookups", "Response cache lookups", ["route", "result"], registry=r)
         # A backend error is served as a miss (the cache is an optimisation), so it needs its own count
         # for an alert to see it.

@@ -27,6 +27,7 @@ from typing import Any
 
 from oculis import ConfigError, Route, RouterConfig, Upstream, parse_config
 from oculis_router.cache import MemoryStore, RedisStore, Store, new_redis_client
+from oculis_router.classify import DEFAULT_MODEL
 from oculis_router.decide import RouteScorer, head_file
 from oculis_router.decisionlog import sink_problem
 from oculis_router.limits import limited_anywhere
@@ -191,6 +192,9 @@ class ConfigHolder:
             # reads a series born at 1 as no increase, and that first request is the one that wakes an
             # upstream at zero.
             self.metrics.upstream_demand.labels(u.name)
+        self.metrics.route_classifier.clear()
+        for route in config.routes:
+            self.metrics.route_classifier.labels(route.name, classifier_label(route)).set(1)
         return Runtime(config, digest, routes, {u.name: u for u in config.upstreams}, limiter)
 
     def _limiter_for(self, config: RouterConfig, now: float) -> Limiter | None:
@@ -359,10 +363,17 @@ def _file_stamp(path: Path) -> tuple[int, int] | None:
     return (st.st_mtime_ns, st.st_size)
 
 
+def classifier_label(route: Route) -> str:
+    """The classifier a route scores with, by its one name (or the fitted head's file)."""
+    if route.classifier.head_path:
+        return f"fitted:{Path(route.classifier.head_path).name}"
+    return route.classifier.model or DEFAULT_MODEL
+
+
 def describe(runtime: Runtime) -> list[dict[str, Any]]:
-    """`GET /v1/models`: routes first, then upstreams."""
-    out: list[dict[str, Any]] = [{"id": r, "object": "model", "owned_by": "oculis", "kind": "route"}
-                                 for r in runtime.routes]
+    """`GET /v1/models`: routes first (with the classifier that scores them), then upstreams."""
+    out: list[dict[str, Any]] = [{"id": r, "object": "model", "owned_by": "oculis", "kind": "route",
+                                  "classifier": classifier_label(rr.route)} for r, rr in runtime.routes.items()]
     out += [{"id": u.name, "object": "model", "owned_by": u.provider, "kind": "upstream", "model": u.model}
             for u in runtime.upstreams.values()]
     return out

@@ -89,5 +89,6 @@ def test_scores_are_memoised_for_the_ttl() -> None:
 
 
 def test_unknown_model_names_the_fix() -> None:
-    with pytest.raises(ValueError, match=r"leave `classifier\.model` empty for the packaged default"):
+    with pytest.raises(ValueError, match=r"unknown classifier .*; known: oculis/router-small-v2.*leave it empty "
+                                         r"for the packaged default"):
         ComplexityClassifier.packaged("gpt-classifier-9000")
