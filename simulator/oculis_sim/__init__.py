@@ -5,3 +5,4 @@ or by `server` (an OpenAI-compatible server on the wall clock). Everything it re
 """
 
 FINGERPRINT = "oculis-simulator"
+VLLM_VERSION = "0.32.0"  # the vLLM release whose API, metrics and flags the simulator answers with

@@ -1,8 +1,10 @@
 """`oculis sim replay` and `oculis sim serve`: engine flags spelled as `vllm serve` spells them.
 
 Bad input is one line naming the flag, the value and the fix, exit 2 (vLLM's words where it has them).
-`serve` accepts a pod's rendered `vllm serve` arguments unchanged: flags the simulator does not model
-are ignored with one warning line; a later --host/--port overrides an earlier one.
+`serve` accepts a pod's rendered `vllm serve` arguments unchanged: flags vLLM 0.32 has but the simulator
+does not model are ignored with one warning line; flags vLLM 0.32 does not have are refused as vLLM
+refuses them ("unrecognized arguments", exit 2); a later --host/--port overrides an earlier one.
+MODEL may be a local model directory: its config.json is the architecture (as `vllm serve DIR` reads it).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import NoReturn
 
 from oculis_cli.inputs import InputError, port_number
 from oculis_cli.serve import bind_problem
-from oculis_sim import config
+from oculis_sim import config, vllm_flags
 
 BAD_INPUT = 2
 
@@ -46,7 +48,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, metavar="S")
     p.add_argument("--max-num-batched-tokens", metavar="B", help="per-step token budget (2048, 8k, 8K)")
     p.add_argument("--max-model-len", metavar="L", help="longest sequence; `auto` = the largest that fits")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.92, metavar="U")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.92, metavar="U",
+                   help="vLLM 0.32's default: 0.92 (vllm/config/cache.py)")
     p.add_argument("--kv-cache-dtype", default="auto", metavar="D", help="auto or fp8")
     p.add_argument("--quantization", "-q", metavar="Q", help="fp8, awq, gptq, compressed-tensors")
     p.add_argument("--speculative-config", "-sc", metavar="JSON",
@@ -63,23 +66,48 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     _flag_bool(p)
     p.add_argument("--served-model-name", nargs="+", metavar="NAME")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="usage.prompt_tokens_details with the prompt's cached tokens (vLLM's flag)")
+    p.add_argument("--sim-mean-logprob", type=float, default=-0.4, metavar="LP",
+                   help="simulator only: mean token logprob of the modelled answers (-0.4 confident; -2.5 makes a "
+                   "router's min_mean_logprob check escalate)")
+
+
+def _local_model(model: str) -> object | None:
+    """A model directory's config.json as the ModelConfig (vLLM serves a path the same way), else None."""
+    from oculis_operator import hfconfig
+
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        return hfconfig.parse(path.read_text(encoding="utf-8"), str(path))
+    except (hfconfig.HFConfigError, OSError, UnicodeDecodeError) as exc:
+        raise config.SimConfigError(f"MODEL {model}: {exc}") from None
 
 
 def settings_from(args: argparse.Namespace) -> config.Settings:
     model = args.model or args.model_positional
     if not model:
         raise config.SimConfigError("--model: missing; name the model (e.g. --model meta-llama/Llama-3.1-8B-Instruct)")
+    if args.sim_mean_logprob > 0:
+        raise config.SimConfigError(f"--sim-mean-logprob {args.sim_mean_logprob}: a logprob is at most 0; use e.g. "
+                                    "-0.4 (confident) or -2.5 (doubtful)")
+    model_config = args.model_config
+    if model_config is None:
+        model_config = _local_model(model)
     tokens = (config.parse_int("--max-num-batched-tokens", args.max_num_batched_tokens)
               if args.max_num_batched_tokens is not None else None)
     return config.resolve(
-        model, args.gpu, model_config=args.model_config, tp=args.tp, max_num_seqs=args.max_num_seqs,
+        model, args.gpu, model_config=model_config, tp=args.tp, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=tokens, max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
         quantization=args.quantization, prefix_caching=args.prefix_caching,
         speculative_config=args.speculative_config, acceptance_rate=args.acceptance_rate,
         served_names=tuple(args.served_model_name or ()), seed=args.seed,
         num_gpu_blocks_override=args.num_gpu_blocks_override, vllm_version=args.vllm_version,
-        block_size=args.block_size)
+        block_size=args.block_size, mean_logprob=args.sim_mean_logprob,
+        prompt_tokens_details=args.enable_prompt_tokens_details)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,10 +181,23 @@ def run_serve(args: argparse.Namespace, ignored: list[str]) -> int:
         return code
     flags = [a.split("=", 1)[0] for a in ignored if a.startswith("-")]
     if ignored:
-        print(f"oculis sim serve: warning: ignoring what the simulator does not model: {' '.join(flags or ignored)}",
-              file=sys.stderr)
+        print(f"oculis sim serve: warning: ignoring what vLLM accepts and the simulator does not model: "
+              f"{' '.join(flags or ignored)}", file=sys.stderr)
     serve(s, args.host, args.port)
     return 0
+
+
+def unrecognized(extra: list[str]) -> list[str]:
+    """The arguments vLLM 0.32's `vllm serve` would refuse among those the simulator does not model: an
+    option it does not have, and the values that follow it (argparse cannot tell them from positionals)."""
+    out: list[str] = []
+    known = False  # a stray positional before any option: vLLM refuses it too
+    for arg in extra:
+        if arg.startswith("-") and len(arg) > 1 and not arg[1:2].isdigit():
+            known = arg.split("=", 1)[0] in vllm_flags.SERVE_FLAGS
+        if not known:
+            out.append(arg)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ignored: list[str] = []
     if argv[:1] == ["serve"]:
         args, ignored = parser.parse_known_args(argv)
+        unknown = unrecognized(ignored)
+        if unknown:  # vLLM's parser refuses them: argparse's words and exit code
+            parser.exit(BAD_INPUT, f"oculis sim serve: error: unrecognized arguments: {' '.join(unknown)}\n")
     else:
         args = parser.parse_args(argv)
     prog = f"oculis sim {args.sim_command}"

@@ -82,6 +82,10 @@ class Settings:
     weights_bytes_per_gpu: int
     kv_bytes_per_token: int
     seed: int
+    model_path: str = ""  # what /v1/models calls `root` (vLLM: the model argument as given)
+    num_gpu_blocks_override: int | None = None
+    mean_logprob: float = -0.4  # the modelled answers' mean token logprob (oculis_sim.logprobs)
+    prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: usage carries cached tokens
     vllm_version: tuple[int, int] = capacity.DEFAULT_VLLM  # the engine release whose overheads are modelled
     block_size: int = capacity.BLOCK  # KV block in tokens (vLLM's CPU backend uses 128)
 
@@ -109,7 +113,8 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
             quantization: str | None = None, prefix_caching: bool = True, speculative_config: str | None = None,
             acceptance_rate: float | None = None, served_names: tuple[str, ...] = (), seed: int = 0,
             num_gpu_blocks_override: int | None = None, vllm_version: str | tuple[int, int] | None = None,
-            block_size: int = capacity.BLOCK) -> Settings:
+            block_size: int = capacity.BLOCK, mean_logprob: float = -0.4,
+            prompt_tokens_details: bool = False) -> Settings:
     if not gpu_name:
         raise SimConfigError("--gpu: missing; name the GPU product to simulate (e.g. --gpu H100-80GB, or set "
                              "OCULIS_SIM_GPU)")
@@ -214,7 +219,9 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
         length = min(model.max_position_embeddings, usable)
     elif usable < length:
         need = length * plan.kv_bytes_per_token / GiB
-        have = plan.kv_budget_bytes / GiB
+        # with --num-gpu-blocks-override the pool is the override's blocks, whatever memory would give
+        have = (plan.kv_budget_bytes if num_gpu_blocks_override is None
+                else num_gpu_blocks_override * block_size * plan.kv_bytes_per_token) / GiB
         raise SimConfigError(
             f"--max-model-len {length}: To serve at least one request with the model's max seq len ({length}), "
             f"({need:.2f} GiB KV cache is needed, which is larger than the available KV cache memory ({have:.2f} "
@@ -227,7 +234,9 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
         prefix_caching=prefix_caching, spec=spec, draft=draft, acceptance_rate=alpha,
         num_blocks=kv_tokens // block_size, kv_cache_tokens=kv_tokens,
         weights_bytes_per_gpu=plan.weights_bytes_per_gpu, kv_bytes_per_token=plan.kv_bytes_per_token, seed=seed,
-        vllm_version=version, block_size=block_size)
+        vllm_version=version, block_size=block_size, model_path=model_name,
+        num_gpu_blocks_override=num_gpu_blocks_override, mean_logprob=mean_logprob,
+        prompt_tokens_details=prompt_tokens_details)
 
 
 def cost_models(s: Settings) -> tuple[steptime.StepCostModel, steptime.StepCostModel | None]:

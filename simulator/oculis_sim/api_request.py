@@ -1,0 +1,215 @@
+"""A chat or completions request body -> what the simulated engine runs, or vLLM 0.32's refusal. Pure.
+
+The checks run in vLLM's order (request schema and its validators, the model name, the prompt's length,
+max_tokens against max_model_len, then the sampling parameters) and refuse with vLLM's status, `type`,
+`param` and wording (vllm/entrypoints/openai/*/protocol.py, vllm/renderers/params.py,
+vllm/sampling_params.py), so a client or the router sees the same error from either engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from oculis_sim.tokens import TEMPLATE_TOKENS_PER_MESSAGE, prompt_tokens
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
+MAX_N = 128  # envs.VLLM_MAX_N_SEQUENCES default
+
+
+class ApiError(Exception):
+    """vLLM's error body: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}}
+
+
+def invalid(message: str, parameter: str | None = None, value: Any = None) -> ApiError:
+    """A VLLMValidationError raised while serving: its str() appends the parameter and value it names."""
+    extras = ([f"parameter={parameter}"] if parameter is not None else []) + \
+        ([f"value={value}"] if value is not None else [])
+    return ApiError(400, f"{message} ({', '.join(extras)})" if extras else message, "BadRequestError", parameter)
+
+
+def schema_error(kind: str, loc: tuple[str | int, ...], msg: str, value: Any, param: str | None = None) -> ApiError:
+    """FastAPI's request validation, as vLLM's handler words it (one error; type "Bad Request")."""
+    shown = f"<{type(value).__name__} of {len(value)} items>" if isinstance(value, (list, dict)) else value
+    where = ".".join(str(p) for p in ("body", *loc))
+    return ApiError(400, f"1 validation error:\n  {{'type': '{kind}', 'loc': '{where}', 'msg': '{msg}', "
+                    f"'input': {shown!r}}}", "Bad Request", param if param is not None else where)
+
+
+def validator_error(message: str, parameter: str, body: dict[str, Any]) -> ApiError:
+    """A request model validator's refusal (raised inside pydantic: wrapped as a validation error)."""
+    return schema_error("value_error", (), f"Value error, {message}", body, parameter)
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    chat: bool
+    tokens: list[str]  # the prompt's tokens (for prefix-cache block hashes)
+    n_prompt: int
+    max_tokens: int | None  # the cap vLLM computes (None: a chat answer stops by itself, up to the limit)
+    requested_max_tokens: int | None
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: int | None  # top alternatives asked for (chat top_logprobs / completions logprobs); None = off
+    echo: bool
+    prompt_text: str
+    stops: tuple[str, ...]
+    seed: int | None
+    request_id: str | None
+
+
+def _int(body: dict[str, Any], key: str) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        raise schema_error("int_type", (key,), "Input should be a valid integer", v)
+    return v
+
+
+def _float(body: dict[str, Any], key: str) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise schema_error("float_type", (key,), "Input should be a valid number", v)
+    return float(v)
+
+
+def _chat_prompt(body: dict[str, Any]) -> tuple[list[str], int, str]:
+    msgs = body.get("messages")
+    if msgs is None:
+        raise schema_error("missing", ("messages",), "Field required", body)
+    if not isinstance(msgs, list):
+        raise schema_error("list_type", ("messages",), "Input should be a valid list", msgs)
+    parts: list[str] = []
+    for i, msg in enumerate(msgs):
+        if not isinstance(msg, dict) or "role" not in msg:
+            raise schema_error("missing", ("messages", i, "role"), "Field required", msg)
+        content = msg.get("content")
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        parts.append(f"{msg.get('role', '')} {content or ''}")
+    toks = prompt_tokens(parts)
+    return toks, len(toks) + TEMPLATE_TOKENS_PER_MESSAGE * len(msgs), " ".join(parts)
+
+
+def _completion_prompt(body: dict[str, Any]) -> tuple[list[str], int, str, bool]:
+    """(tokens, count, text, given as token ids)"""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise schema_error("missing", ("prompt",), "Field required", body)
+    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        return [str(x) for x in prompt], len(prompt), "", True
+    if isinstance(prompt, str):
+        toks = prompt_tokens([prompt])
+        return toks, max(1, len(toks)), prompt, False
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise ApiError(400, "The simulator serves one prompt per request; send the prompts separately",
+                       "BadRequestError", "prompt")
+    raise schema_error("string_type", ("prompt",), "Input should be a valid string", prompt)
+
+
+def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int,
+          request_id: str | None = None) -> GenRequest:
+    """The request as the engine runs it, or ApiError in the order vLLM checks."""
+    if not isinstance(body, dict):
+        raise schema_error("model_attributes_type", (), "Input should be a valid dictionary or object to extract "
+                           "fields from", body)
+    # the request model: field types, then its validators
+    if chat:
+        toks, n_prompt, text = _chat_prompt(body)
+        as_ids = False
+    else:
+        toks, n_prompt, text, as_ids = _completion_prompt(body)
+    max_completion = _int(body, "max_completion_tokens") if chat else None
+    max_tokens = _int(body, "max_tokens")
+    n = _int(body, "n")
+    temperature = _float(body, "temperature")
+    top_p = _float(body, "top_p")
+    seed = _int(body, "seed")
+    stream = bool(body.get("stream"))
+    opts = body.get("stream_options")
+    if opts is not None and not stream:
+        raise validator_error("Stream options can only be defined when `stream=True`.", "stream_options", body)
+    if chat:
+        top = _int(body, "top_logprobs")
+        want = bool(body.get("logprobs"))
+        if top is not None:
+            if top < 0 and top != -1:
+                raise validator_error("`top_logprobs` must be a positive value or -1.", "top_logprobs", body)
+            if (top == -1 or top > 0) and not want:
+                raise validator_error("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs",
+                                      body)
+        logprobs = (top or 0) if want else None
+    else:
+        logprobs = _int(body, "logprobs")
+    # the model
+    model = body.get("model")
+    if model and model not in served:
+        raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: {', '.join(served)}.",
+                       "NotFoundError", "model")
+    # max_tokens against the context (TokenizeParams), then the prompt's length
+    out_param = "max_completion_tokens" if max_completion is not None else "max_tokens"
+    requested = max_completion if max_completion is not None else max_tokens
+    if requested is None and not chat:
+        requested = COMPLETIONS_DEFAULT_MAX_TOKENS
+    if requested is not None and requested > max_model_len:
+        raise invalid(f"{out_param}={requested} cannot be greater than max_model_len={max_model_len}. "
+                      "Please request fewer output tokens.", out_param, requested)
+    if n_prompt > max_model_len:
+        # the tokenizer stops at max_model_len + 1 tokens, so vLLM says "at least" for text prompts
+        count, qualifier = (n_prompt, "") if as_ids else (max_model_len + 1, "at least ")
+        raise invalid(f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+                      f"contains {qualifier}{count} input tokens, which exceeds this limit even without any output "
+                      "tokens. Please reduce the length of the input prompt.", "input_tokens", count)
+    # the sampling parameters (SamplingParams._verify_args)
+    n = 1 if n is None else n
+    if n < 1:
+        raise invalid(f"n must be at least 1, got {n}.")
+    if n > MAX_N:
+        raise invalid(f"n must be at most {MAX_N}, got {n}. To increase this limit, set the VLLM_MAX_N_SEQUENCES "
+                      "environment variable.")
+    if temperature is not None:
+        if not math.isfinite(temperature):
+            raise invalid(f"temperature must be a finite number, got {temperature}.", "temperature", temperature)
+        if temperature < 0:
+            raise invalid(f"temperature must be non-negative, got {temperature}.", "temperature", temperature)
+        if temperature > 2:
+            raise invalid(f"temperature must be in [0, 2], got {temperature}.", "temperature", temperature)
+    if top_p is not None and not 0 < top_p <= 1:
+        raise invalid(f"top_p must be in (0, 1], got {top_p}.", "top_p", top_p)
+    cap = max_model_len - n_prompt
+    effective = cap if requested is None else min(requested, cap)
+    if requested is not None and requested < 1:
+        raise invalid(f"max_tokens must be at least 1, got {requested}.", "max_tokens", requested)
+    if logprobs is not None and logprobs != -1 and logprobs < 0:
+        raise invalid(f"logprobs must be non-negative or -1, got {logprobs}.", "logprobs", logprobs)
+    if temperature is not None and temperature < 1e-5 and n > 1:
+        raise invalid(f"n must be 1 when using greedy sampling, got {n}.")
+    stop = body.get("stop")
+    stops = (stop,) if isinstance(stop, str) else tuple(s for s in stop or [] if isinstance(s, str))
+    if any(not s for s in stops):
+        raise invalid("stop cannot contain an empty string.")
+    return GenRequest(
+        chat=chat, tokens=toks, n_prompt=n_prompt, max_tokens=effective if requested is not None else None,
+        requested_max_tokens=requested, n=n, stream=stream,
+        include_usage=bool(opts.get("include_usage")) if isinstance(opts, dict) else False,
+        logprobs=None if logprobs is None else (20 if logprobs == -1 else logprobs),
+        echo=bool(body.get("echo")) and not chat, prompt_text=text, stops=stops, seed=seed, request_id=request_id)

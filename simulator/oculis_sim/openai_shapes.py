@@ -1,0 +1,74 @@
+"""vLLM 0.32's OpenAI response bodies and stream chunks, built from plain values. Pure.
+
+Field sets and their order follow vLLM's pydantic models as it serializes them (chat: ChatCompletionResponse,
+ChatCompletionStreamResponse; completions: CompletionResponse, CompletionStreamResponse). The honesty
+marker: `system_fingerprint` is "oculis-simulator" where vLLM sends the key (vLLM's value is null).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from oculis_sim import FINGERPRINT
+
+
+def usage(prompt: int, completion: int, cached: int | None = None) -> dict[str, Any]:
+    """UsageInfo; prompt_tokens_details only with --enable-prompt-tokens-details (cached is then not None)."""
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+            "prompt_tokens_details": None if cached is None else {"cached_tokens": cached}}
+
+
+def chat_choice(index: int, text: str, finish: str, logprobs: Any) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": text, "refusal": None, "annotations": None,
+                                        "audio": None, "function_call": None, "tool_calls": [], "reasoning": None},
+            "logprobs": logprobs, "finish_reason": finish, "stop_reason": None, "token_ids": None}
+
+
+def completion_choice(index: int, text: str, finish: str, logprobs: Any) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": None,
+            "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None}
+
+
+def body(chat: bool, rid: str, created: int, model: str, choices: list[dict[str, Any]],
+         use: dict[str, Any]) -> dict[str, Any]:
+    if chat:
+        return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
+                "service_tier": None, "system_fingerprint": FINGERPRINT, "usage": use, "prompt_logprobs": None,
+                "prompt_token_ids": None, "kv_transfer_params": None}
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
+            "service_tier": None, "system_fingerprint": FINGERPRINT, "usage": use, "kv_transfer_params": None}
+
+
+def event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def chunk(chat: bool, rid: str, created: int, model: str, index: int, text: str | None, finish: str | None = None,
+          logprobs: Any = None, role: bool = False) -> dict[str, Any]:
+    """One streamed choice delta. Chat's first chunk per choice carries the role and empty content."""
+    if chat:
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = None
+        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+    choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+    if finish is not None:
+        choice["stop_reason"] = None
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+
+
+def usage_chunk(chat: bool, rid: str, created: int, model: str, use: dict[str, Any]) -> dict[str, Any]:
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+            "model": model, "choices": [], "system_fingerprint": FINGERPRINT, "usage": use}
+
+
+def fast_parts(chat: bool, rid: str, created: int, model: str, index: int) -> tuple[bytes, bytes]:
+    """The bytes around a plain content chunk's text (placeholder words need no JSON escaping), so the hot
+    path (hundreds of streams x every step) only concatenates."""
+    head, _, tail = event(chunk(chat, rid, created, model, index, "\x00")).partition(b"\\u0000")
+    return head, tail
