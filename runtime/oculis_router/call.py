@@ -56,6 +56,18 @@ class Calls:
     def __init__(self, caller: Caller | None, metrics: Metrics) -> None:
         self.caller: Caller = caller  # type: ignore[assignment]  # the app's lifespan sets it
         self.metrics = metrics
+        self.no_logprobs_said: set[str] = set()  # upstreams already reported as answering without logprobs
+
+    def count_logprob_check(self, route_label: str, upstream: str, conf: float | None, low: bool) -> None:
+        """Every answer the logprob check saw, by outcome; one without logprobs could not be checked (an engine
+        that drops them silently disabled escalation.on_answer.min_mean_logprob): counted, and said once."""
+        outcome = "no_logprobs" if conf is None else "fail" if low else "pass"
+        self.metrics.answer_logprob_checks.labels(route_label, upstream, outcome).inc()
+        if conf is None and upstream not in self.no_logprobs_said:
+            self.no_logprobs_said.add(upstream)
+            log.warning("upstream %s answered without logprobs on route %s: its answers cannot be checked "
+                        "against min_mean_logprob (kept); counted as oculis_answer_logprob_checks_total"
+                        "{outcome=\"no_logprobs\"}", upstream, route_label)
 
     async def grade(self, v: Verifier, plan: Plan, body: dict[str, Any], data: dict[str, Any], endpoint: str,
                      route_label: str, hold: Hold | None) -> int | None:
@@ -157,6 +169,8 @@ class Calls:
                 own["x-oculis-answer-logprob"] = f"{conf:.4f}"
             low = check is not None and check.min_mean_logprob is not None and conf is not None \
                 and conf < check.min_mean_logprob
+            if check is not None:
+                self.count_logprob_check(route_label, up.name, conf, low)
             score = None
             if verifier is not None and not low:  # an answer the logprobs already doubted needs no grading
                 score = await self.grade(verifier, plan, body, data, endpoint, route_label, hold)

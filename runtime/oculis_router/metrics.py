@@ -42,6 +42,10 @@ class Metrics:
                                      "reply: kept), error (the verifier failed: kept), ungraded (no text: kept), "
                                      "cold (the verifier is scaled to zero: woken, answer kept)",
                                      ["route", "verifier", "outcome"], registry=r)
+        self.answer_logprob_checks = Counter("oculis_answer_logprob_checks", "Answers the logprob check "
+                                             "(escalation.on_answer.min_mean_logprob) saw, by outcome: pass, fail "
+                                             "(replaced), no_logprobs (the upstream sent none: kept unchecked)",
+                                             ["route", "upstream", "outcome"], registry=r)
         self.prompt_tokens = Counter("oculis_prompt_tokens", "Prompt tokens", ["upstream"], registry=r)
         self.completion_tokens = Counter("oculis_completion_tokens", "Completion tokens", ["upstream"], registry=r)
         self.cached_tokens = Counter("oculis_cached_prompt_tokens", "Prompt tokens served from the provider's "

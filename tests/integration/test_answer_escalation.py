@@ -136,3 +136,20 @@ def test_a_request_no_tier_could_answer_is_logged_too(router: RouterHandle, fake
     assert ask(router).status_code == 502
     line = json.loads(sink.read_text().splitlines()[-1])
     assert line["status"] == 502 and line["route"] == "adaptive" and 0 <= line["complexity"] <= 1
+
+
+def test_unmetered_answers_an_answer_without_logprobs_is_counted_not_silently_passed(router: RouterHandle,
+                                                                                     fakes: Fakes) -> None:
+    """QA-2 finding 8: an engine that drops logprobs silently disabled the check; it is now counted
+    (outcome no_logprobs) beside the answers that passed or failed it."""
+    use(router, fakes, min_mean_logprob=-1.0)
+    fakes.scripts["small"].give_logprobs = False
+    r = ask(router)
+    assert r.status_code == 200 and r.headers["x-oculis-tier"] == "simple"
+    assert "x-oculis-answer-logprob" not in r.headers
+    assert metric(router, 'oculis_answer_logprob_checks_total{outcome="no_logprobs",route="adaptive",'
+                          'upstream="llama-8b"} 1.0')
+    fakes.scripts["small"].give_logprobs = True
+    fakes.scripts["small"].logprob = -0.2
+    assert ask(router).status_code == 200
+    assert metric(router, 'oculis_answer_logprob_checks_total{outcome="pass",route="adaptive",upstream="llama-8b"} 1.0')
