@@ -194,7 +194,10 @@ def unrecognized(extra: list[str]) -> list[str]:
     known = False  # a stray positional before any option: vLLM refuses it too
     for arg in extra:
         if arg.startswith("-") and len(arg) > 1 and not arg[1:2].isdigit():
-            known = arg.split("=", 1)[0] in vllm_flags.SERVE_FLAGS
+            name = arg.split("=", 1)[0]
+            if name.startswith("--"):  # vLLM's parser reads `--max_model_len` as `--max-model-len`
+                name = "--" + name[2:].replace("_", "-")
+            known = name in vllm_flags.SERVE_FLAGS
         if not known:
             out.append(arg)
     return out

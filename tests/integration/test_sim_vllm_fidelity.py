@@ -104,7 +104,7 @@ def test_client_disconnect_aborts_a_non_streamed_request(sim: str) -> None:
     """Finding 9: a non-streamed request whose client left kept generating."""
     def leave() -> None:
         with contextlib.suppress(httpx.TimeoutException):
-            httpx.post(f"{sim}/v1/completions", json={"prompt": "hi", "max_tokens": 500}, timeout=0.5)
+            httpx.post(f"{sim}/v1/completions", json={"prompt": "hi", "max_tokens": 500}, timeout=1.5)
 
     def running() -> float:
         text = httpx.get(f"{sim}/metrics").text
