@@ -112,11 +112,9 @@ def storable(endpoint: str, answer: dict[str, Any]) -> bool:
 
 
 def stream_wants_usage(body: dict[str, Any]) -> bool:
-    """Whether a live stream of this request ends with a usage chunk, so its replay does too: the router
-    asks for one when the client set no `stream_options` (openai_compat), else the client decides."""
+    """Whether the client's stream ends with a usage chunk, live, buffered or replayed: only when it set
+    `stream_options.include_usage`, as OpenAI does (the router asks upstreams for one regardless)."""
     opts = body.get("stream_options")
-    if opts is None:
-        return True
     return isinstance(opts, dict) and bool(opts.get("include_usage"))
 
 

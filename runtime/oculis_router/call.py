@@ -22,7 +22,7 @@ from oculis_router.metrics import Metrics
 from oculis_router.plan import Plan, cache_state
 from oculis_router.plan import headers as plan_headers
 from oculis_router.providers import relayed_headers
-from oculis_router.relay import SSE_HEADERS, account, relay, replay
+from oculis_router.relay import SSE_HEADERS, account, estimate_of, estimated_usage, relay, replay
 from oculis_router.upstreams import REVISION_HEADER, Attempt, Caller, UpstreamFailed, UpstreamRejected
 
 log = logging.getLogger("oculis.router")
@@ -90,7 +90,8 @@ class Calls:
             self.metrics.answer_grades.labels(route_label, v.upstream, "error").inc()
             log.warning("verifier %s could not grade an answer on route %s (kept): %s", up.name, route_label, exc)
             return None
-        account(self.metrics, up, graded.get("usage"), hold)  # the grading is billed like any call
+        # the grading is billed like any call, estimated from its text when it reports no usage
+        account(self.metrics, up, graded.get("usage"), hold, estimate_of(req, None, graded, "chat"))
         score = answers.score_of(graded)
         outcome = "unscored" if score is None else ("pass" if score >= v.min_score else "fail")
         self.metrics.answer_grades.labels(route_label, v.upstream, outcome).inc()
@@ -159,7 +160,8 @@ class Calls:
             self.metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
             # `seen` carries x-oculis-revision (Caller.complete), which the client gets with the answer
             self.metrics.revision_requests.labels(up.name, seen.get(REVISION_HEADER, "stable")).inc()
-            account(self.metrics, up, data.get("usage"), hold)  # counted (and billed) even if replaced below
+            # counted (and billed) even if replaced below; an answer without usage by its text
+            account(self.metrics, up, data.get("usage"), hold, estimate_of(body, plan.prompt_tokens, data, endpoint))
             conf = answers.mean_logprob(data, endpoint) if check else None
             if check and not answers.client_wants_logprobs(body):
                 data = answers.without_logprobs(data)
@@ -223,7 +225,8 @@ class Calls:
             self.metrics.revision_requests.labels(up.name, resp.revision).inc()
             store = plan.route.store if (plan.route and key is not None and i == 0) else None
             gen = relay(self.metrics, resp, translator, up, t0, route_label, plan.tier_names[i], store, key, endpoint,
-                        hold)
+                        hold, rcache.stream_wants_usage(body),
+                        lambda text: estimated_usage(body, plan.prompt_tokens, text))
             return StreamingResponse(gen, media_type="text/event-stream", headers={
                 **relayed_headers(resp.headers), **plan_headers(plan, i, cache_state(key)),
                 REVISION_HEADER: resp.revision, **SSE_HEADERS})

@@ -55,6 +55,12 @@ class Metrics:
         self.cache_write_tokens = Counter("oculis_cache_write_prompt_tokens", "Prompt tokens written to the "
                                           "provider's prompt cache", ["upstream"], registry=r)
         self.cost = Counter("oculis_cost_dollars", "Estimated cost from upstream pricing", ["upstream"], registry=r)
+        # Answers the upstream reported no usage for are metered by an estimate from their text (the
+        # token and cost counters include it), never as 0 tokens and $0: not_reported (the upstream
+        # sends none), stream_cut (the stream ended before its usage chunk: client gone, broken).
+        self.usage_estimated = Counter("oculis_usage_estimated", "Upstream calls metered by an estimate from "
+                                       "their text because no usage came with them", ["upstream", "reason"],
+                                       registry=r)
         self.upstream_latency = Histogram("oculis_upstream_latency_seconds", "Upstream call latency", ["upstream"],
                                           registry=r, buckets=LATENCY_BUCKETS)
         self.ttft = Histogram("oculis_upstream_ttft_seconds", "Time to first streamed byte from the upstream",

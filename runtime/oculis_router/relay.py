@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from starlette.responses import Response, StreamingResponse
@@ -19,7 +19,7 @@ from oculis import Upstream
 from oculis_router import cache as rcache
 from oculis_router.limits_store import Hold
 from oculis_router.metrics import Metrics
-from oculis_router.sse import StreamCollector
+from oculis_router.sse import StreamCollector, generated_text, without_usage_chunks
 from oculis_router.streamcheck import EventGate, MalformedStream
 from oculis_router.upstreams import IdleTimeout, Stream
 from oculis_router.usage import Usage, cost_dollars
@@ -29,8 +29,38 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 log = logging.getLogger("oculis.router")
 
 
-def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None, hold: Hold | None = None) -> None:
+_SAID_NO_USAGE: set[str] = set()  # upstreams whose answers without usage were logged (once each)
+
+
+def estimated_usage(body: dict[str, Any], prompt_tokens: int | None, text: str) -> Usage:
+    """Usage of a call the upstream reported none for, by the classifier's tokenizer: the prompt's count
+    (the plan's when it was classified) and the generated text's."""
+    from oculis_router.classify import piece_ids
+    from oculis_router.limits_store import prompt_tokens_of
+
+    prompt = prompt_tokens if prompt_tokens is not None else prompt_tokens_of(body)
+    return Usage(prompt, piece_ids(text)[1] if text else 0, 0, 0)
+
+
+def estimate_of(body: dict[str, Any], prompt_tokens: int | None, answer: dict[str, Any],
+                endpoint: str) -> Callable[[], Usage]:
+    """The estimate of a whole answer's usage, computed only if it reported none (account)."""
+    return lambda: estimated_usage(body, prompt_tokens, generated_text(answer, endpoint))
+
+
+def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None, hold: Hold | None = None,
+            estimate: Callable[[], Usage] | None = None, cut: bool = False) -> None:
+    """Meter one call: its tokens and cost in the metrics and, the same figures, in the rate-limit hold.
+    A call without usage is metered by `estimate` (its text) and counted in oculis_usage_estimated_total,
+    never as 0 tokens and $0; `cut`: a stream that ended before its usage chunk."""
     u = Usage.parse(usage)
+    if u is None and estimate is not None:
+        u = estimate()
+        metrics.usage_estimated.labels(up.name, "stream_cut" if cut else "not_reported").inc()
+        if not cut and up.name not in _SAID_NO_USAGE:
+            _SAID_NO_USAGE.add(up.name)
+            log.warning("upstream %s answered without usage; its tokens and cost are estimated from the text "
+                        "(oculis_usage_estimated_total)", up.name)
     if hold is not None:  # the limits settle on the same usage the metrics count (one cost, one place)
         hold.record(up.pricing, u)
     if u is None:
@@ -44,8 +74,11 @@ def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None, hold: 
 
 async def relay(metrics: Metrics, resp: Stream, translator: Any, up: Upstream, t0: float, route_label: str,
                 tier: str, store: rcache.Store | None, key: str | None,
-                endpoint: str = "chat", hold: Hold | None = None) -> AsyncIterator[bytes]:
-    """Bytes go to the client as they arrive; a copy is parsed on the side for usage and the cache."""
+                endpoint: str = "chat", hold: Hold | None = None, include_usage: bool = True,
+                estimate: Callable[[str], Usage] | None = None) -> AsyncIterator[bytes]:
+    """Bytes go to the client as they arrive; a copy is parsed on the side for usage and the cache.
+    `include_usage`: whether the client asked for the usage chunk (the upstream always sends one);
+    `estimate`: the usage of the text generated, for a stream that ends without its usage chunk."""
     collector = StreamCollector(endpoint)
     gate = EventGate(up.name)  # whole, well-formed events only, and a stream that ends with [DONE]
     first = True
@@ -60,12 +93,14 @@ async def relay(metrics: Metrics, resp: Stream, translator: Any, up: Upstream, t
                 collector.feed(chunk)
                 if hold is not None:
                     hold.relayed(chunk)
-                yield chunk
+                if shown := (chunk if include_usage else without_usage_chunks(chunk)):
+                    yield shown
             if gate.failure:
                 raise gate.failure
         if chunk := gate.close():
             collector.feed(chunk)
-            yield chunk
+            if shown := (chunk if include_usage else without_usage_chunks(chunk)):
+                yield shown
         if gate.errored:  # the upstream's own error event reached the client: a failure all the same
             outcome = "stream_broken"
             log.warning("upstream %s sent an error event mid-stream", up.name)
@@ -94,7 +129,9 @@ async def relay(metrics: Metrics, resp: Stream, translator: Any, up: Upstream, t
         resp.release()
         metrics.upstream_latency.labels(up.name).observe(time.perf_counter() - t0)
         metrics.requests.labels(route_label, tier, up.name, outcome).inc()
-        account(metrics, up, collector.usage, hold)
+        account(metrics, up, collector.usage, hold,
+                None if estimate is None else (lambda: estimate(collector.generated_text())),
+                cut=not collector.complete)
         if hold is not None:  # a cut stream settles what it used too
             await hold.settle()
     answer = collector.response()  # None unless the stream can stand for the whole answer

@@ -12,6 +12,7 @@ parse) marks the rebuild unfaithful instead of being dropped silently; the cache
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 ANSWER_OBJECT = {"chat": "chat.completion", "completions": "text_completion"}
@@ -157,10 +158,20 @@ class StreamCollector:
             else:
                 self.faithful = False
 
+    def generated_text(self) -> str:
+        """Everything generated so far, in every choice (text, tool calls), whole or cut: what an
+        answer without usage is metered by (relay.estimated_usage)."""
+        parts: list[str] = []
+        for index, acc in self._choices.items():
+            parts += [v for k, v in acc.get("message", {}).items() if k != "role" and isinstance(v, str)]
+            parts += [acc["text"]] if isinstance(acc.get("text"), str) else []
+            parts += [_function_text(c.get("function")) for c in self._calls.get(index, {}).values()]
+        return "\n".join(p for p in parts if p)
+
     def response(self) -> dict[str, Any] | None:
         """The answer a non-streamed request would have got, or None when this stream cannot stand for
-        it: unfinished, a chunk the rebuild would lose, no choices, or no usage chunk (a client that
-        set `stream_options.include_usage: false`; a non-streamed answer always carries usage)."""
+        it: unfinished, a chunk the rebuild would lose, no choices, or no usage chunk (the router always
+        asks the upstream for one; a non-streamed answer always carries usage)."""
         if not (self.complete and self.faithful and self._choices and self.usage):
             return None
         choices = []
@@ -228,3 +239,62 @@ def chunks_of(answer: dict[str, Any], endpoint: str = "chat", include_usage: boo
 
 def encode(chunks: list[dict[str, Any]]) -> list[bytes]:
     return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+
+
+def _function_text(fn: Any) -> str:
+    return "\n".join(v for k, v in fn.items() if k in ("name", "arguments") and isinstance(v, str)) \
+        if isinstance(fn, dict) else ""
+
+
+def generated_text(answer: dict[str, Any], endpoint: str = "chat") -> str:
+    """Everything a whole answer generated, in every choice: message text fields (content, refusal,
+    reasoning), tool and function calls, or completion text."""
+    parts: list[str] = []
+    for choice in answer.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        if endpoint != "chat":
+            parts += [choice["text"]] if isinstance(choice.get("text"), str) else []
+            continue
+        msg = choice.get("message")
+        msg = msg if isinstance(msg, dict) else {}
+        content = msg.get("content")
+        if isinstance(content, list):  # content parts: their text
+            parts += [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        parts += [v for k, v in msg.items() if k != "role" and isinstance(v, str)]
+        calls = msg.get("tool_calls")
+        parts += [_function_text(c.get("function")) for c in (calls if isinstance(calls, list) else [])
+                  if isinstance(c, dict)]
+        parts.append(_function_text(msg.get("function_call")))
+    return "\n".join(p for p in parts if p)
+
+
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+
+
+def without_usage_chunks(events: bytes) -> bytes:
+    """Whole SSE events less the usage-only chunks (`choices: []` with `usage`), for a client that did
+    not ask for `stream_options.include_usage`: OpenAI sends that chunk only when asked, and code
+    written against it (`chunk.choices[0]`) fails on it. The router asks upstreams for it anyway, to
+    meter the stream. Events without an empty `choices` pass untouched, unparsed."""
+    if not _NO_CHOICES.search(events):
+        return events
+    kept: list[bytes] = []
+    start = 0
+    for m in _EVENT_END.finditer(events):
+        event = events[start:m.end()]
+        start = m.end()
+        if not (_NO_CHOICES.search(event) and _usage_only(event)):
+            kept.append(event)
+    kept.append(events[start:])
+    return b"".join(kept)
+
+
+def _usage_only(event: bytes) -> bool:
+    data = b"\n".join(line[5:] for line in re.split(rb"\r\n|\n|\r", event) if line.startswith(b"data:"))
+    try:
+        chunk = json.loads(data)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(chunk, dict) and chunk.get("choices") == [] and bool(chunk.get("usage"))

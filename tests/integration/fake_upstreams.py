@@ -67,6 +67,7 @@ class Script:
     stall_seconds: float = 0.0
     body_stall: float = 0.0  # a non-streamed answer sends its headers and half its body, then waits this long
     reply_raw: bytes | None = None  # a non-streamed answer's exact body (e.g. valid JSON that is no object)
+    no_usage: bool = False  # an engine that reports no usage (no `usage` field, no usage chunk when asked)
 
 
 def question_of(body: dict[str, Any]) -> str:
@@ -145,7 +146,7 @@ def openai_app(name: str, script: Script) -> Starlette:
                                                        "finish_reason": "tool_calls" if call else "stop"}]}).encode()
                     + b"\n\n"
                 )
-                if (body.get("stream_options") or {}).get("include_usage"):
+                if (body.get("stream_options") or {}).get("include_usage") and not script.no_usage:
                     yield b"data: " + json.dumps({**base, "choices": [], "usage": usage}).encode() + b"\n\n"
                 yield b"data: [DONE]\n\n"
                 script.streams_done += 1
@@ -170,7 +171,7 @@ def openai_app(name: str, script: Script) -> Starlette:
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": body["model"],
-                "usage": usage,
+                **({} if script.no_usage else {"usage": usage}),
                 "choices": [
                     {
                         "index": 0,

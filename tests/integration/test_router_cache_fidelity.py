@@ -140,10 +140,13 @@ def test_answer_changing_fields_never_hit_and_neutral_ones_do(router: RouterHand
         assert chat(router, **variant).headers["x-oculis-cache"] == "hit", name
 
 
-def test_a_stream_without_its_usage_chunk_is_not_cached(router: RouterHandle) -> None:
-    # A non-streamed replay must carry usage, which that stream never had: not stored, not served.
-    header, _ = streamed_chat(router, stream_options={"include_usage": False})
+def test_a_stream_without_its_usage_chunk_is_not_cached(router: RouterHandle, fakes: Fakes) -> None:
+    # A non-streamed replay must carry usage, which a stream from an engine that reports none never had:
+    # not stored, not served.
+    fakes.scripts["small"].no_usage = True
+    header, _ = streamed_chat(router)
     assert header == "miss"
+    fakes.scripts["small"].no_usage = False
     assert chat(router).headers["x-oculis-cache"] == "miss"
     assert chat(router).headers["x-oculis-cache"] == "hit"
     # ...and a hit replayed to such a client has no usage chunk, as a live stream would.
@@ -152,3 +155,11 @@ def test_a_stream_without_its_usage_chunk_is_not_cached(router: RouterHandle) ->
                       json={**BASE, "stream": True, "stream_options": {"include_usage": False}}) as r:
         assert r.headers["x-oculis-cache"] == "hit"
         assert '"usage"' not in r.read().decode()
+
+
+def test_a_stream_whose_client_declined_usage_is_cached_all_the_same(router: RouterHandle) -> None:
+    # The router asks the upstream for the usage chunk whatever the client set (and strips it for the
+    # client), so such a stream is whole and stored.
+    header, _ = streamed_chat(router, stream_options={"include_usage": False})
+    assert header == "miss"
+    assert chat(router).headers["x-oculis-cache"] == "hit"

@@ -20,8 +20,11 @@ def build_request(up: Upstream, endpoint: str, body: dict[str, Any]) -> tuple[st
     out = dict(body)
     if up.model:
         out["model"] = up.model
-    if out.get("stream") and "stream_options" not in out:
-        out["stream_options"] = {"include_usage": True}  # so tokens and cost are counted for streams too
+    opts = out.get("stream_options", {})
+    if out.get("stream") and isinstance(opts, dict):
+        # Always, whatever the client asked: a stream is metered (tokens, cost, budgets) by its usage
+        # chunk; the relay strips that chunk again for a client that did not ask for it.
+        out["stream_options"] = {**opts, "include_usage": True}
     return up.url + PATHS[endpoint], headers, out
 
 

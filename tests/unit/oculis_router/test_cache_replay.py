@@ -110,7 +110,8 @@ def test_a_replayed_stream_follows_the_requests_own_usage_choice() -> None:
     _, with_usage = replayed_by_sdk(answer)
     _, without = replayed_by_sdk(answer, include_usage=False)
     assert with_usage[-1]["usage"] == USAGE and all("usage" not in c for c in without)
-    assert cache.stream_wants_usage({}) and cache.stream_wants_usage({"stream_options": {"include_usage": True}})
+    # As OpenAI: only a client that asked gets the usage chunk (the router asks upstreams regardless).
+    assert not cache.stream_wants_usage({}) and cache.stream_wants_usage({"stream_options": {"include_usage": True}})
     assert not cache.stream_wants_usage({"stream_options": {"include_usage": False}})
     assert not cache.stream_wants_usage({"stream_options": {}})
 
