@@ -3,8 +3,8 @@ a user sees, join the engines' Prometheus counters over exactly the run window, 
 against SLOs and a baseline.
 
 The thin shell: arguments, the HTTP load (open-loop arrivals or a fixed concurrency, warm-up excluded,
-in-flight requests drained), Prometheus, progress and output. Decisions live in bench_workload (what
-to send) and bench_stats (metrics, goodput, deltas, verdict). It speaks only OpenAI HTTP and the
+in-flight requests drained), Prometheus, progress and output. Decisions live in oculis_measure.bench: workload (what
+to send) and stats (metrics, goodput, deltas, verdict). It speaks only OpenAI HTTP and the
 Prometheus API, so it runs unchanged against the simulator, real vLLM and hosted providers.
 
 Exit codes: 0 PASS (or nothing to judge), 3 FAIL, 4 INCONCLUSIVE, 2 bad input, 5 target or Prometheus
@@ -39,7 +39,7 @@ class Unreachable(RuntimeError):
 
 def register(sub: Any) -> None:
     try:  # numpy may be absent (the operator image has no bench extra): `oculis --help` must still work
-        from oculis_cli.bench_workload import BUILTIN
+        from oculis_measure.bench.workload import BUILTIN
 
         names, profiles = "|".join(BUILTIN), "; ".join(f"{p.name}: {p.description}" for p in BUILTIN.values())
     except ImportError:
@@ -118,7 +118,8 @@ def _pricing(args: argparse.Namespace) -> tuple[dict[str, Pricing], Pricing | No
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, Any]:
-    from oculis_cli import bench_stats, bench_workload
+    from oculis_measure.bench import stats as bench_stats
+    from oculis_measure.bench import workload as bench_workload
 
     duration = bench_workload.parse_duration(args.duration)
     if duration <= 0:
@@ -265,7 +266,7 @@ async def _load(inp: dict[str, Any], args: argparse.Namespace,
                 progress: ProgressView) -> tuple[list[Any], dict[str, float]]:
     import httpx
 
-    from oculis_cli.bench_stats import RequestResult
+    from oculis_measure.bench.stats import RequestResult
 
     wl = inp["workload"]
     warmup, duration = inp["warmup"], inp["duration"]
@@ -361,7 +362,7 @@ def _preflight(args: argparse.Namespace) -> None:
 
 
 def _server_metrics(args: argparse.Namespace, window: dict[str, float]) -> dict[str, Any]:
-    from oculis_cli.prom import PromError, Prometheus
+    from oculis_measure.prom import PromError, Prometheus
 
     sel = args.prometheus_selector.strip().strip("{}")
     braces = f"{{{sel}}}" if sel else ""
@@ -396,7 +397,7 @@ def _fmt(v: Any, nd: int = 1) -> str:
 
 def _rows(doc: dict[str, Any]) -> list[tuple[str, Any, Any, Any, Any, str]]:
     """(metric, baseline, current, change, change %, status) for the table and CSV."""
-    from oculis_cli.bench_stats import get
+    from oculis_measure.bench.stats import get
 
     cur, base, deltas = doc["current"], doc.get("baseline"), doc.get("delta") or {}
     keys = ["throughput_tok_s", "requests_per_s", "goodput_rps", "goodput_share",
@@ -414,7 +415,7 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from oculis_cli.bench_stats import FORMULAS
+    from oculis_measure.bench.stats import FORMULAS
 
     console = Console(file=out, width=120, highlight=False, soft_wrap=True)
     cur, wl = doc["current"], doc["workload"]
@@ -497,13 +498,13 @@ def run(args: argparse.Namespace, stdout: TextIO = sys.stdout) -> int:
 
 
 def _run(args: argparse.Namespace, stdout: TextIO) -> int:
-    from oculis_cli import bench_stats
+    from oculis_measure.bench import stats as bench_stats
     from oculis_router.usage import cost_dollars
 
     inp = _inputs(args)
     _preflight(args)
     if args.prometheus_url:
-        from oculis_cli.prom import PromError, Prometheus
+        from oculis_measure.prom import PromError, Prometheus
 
         try:
             with Prometheus(args.prometheus_url) as prom:
@@ -566,7 +567,7 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
     if args.save is not None:
         _write(args.save, json.dumps({**doc, "samples": _samples(results)}, indent=1) + "\n", "--save")
     if args.report is not None:
-        from oculis_cli.bench_report import html
+        from oculis_measure.bench.report import html
 
         base_samples = None
         if args.compare is not None:

@@ -1,5 +1,5 @@
 """`oculis cache advise [--upstream U] [--write-multiplier W --read-multiplier R]`: whether provider
-prompt caching pays for the observed traffic (cache_advise_core decides)."""
+prompt caching pays for the observed traffic (oculis_measure.cache.advise decides)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import sys
 from typing import Any, TextIO
 
-from oculis_cli import cache_advise_core as core
 from oculis_cli import checks_output as out
 from oculis_cli.clusterinputs import window_inputs
 from oculis_cli.cost import add_window_flags
@@ -20,6 +19,7 @@ from oculis_cli.cost_sources import (
     open_prometheus,
 )
 from oculis_cli.inputs import finite_float
+from oculis_measure.cache import advise as core
 
 
 def register(sub: Any) -> None:
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         except ValueError as exc:
             print(f"oculis cache advise: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    from oculis_cli.route_window_core import describe_window
+    from oculis_measure.route.window import describe_window
 
     return emit({"window": describe_window(t0, t1), "upstreams": reports}, args.output, stdout)
 
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
 def _self_hosted(prom: Any, name: str, model: str | None, start: float, end: float) -> dict[str, Any]:
     """The engines' prefix-cache token counters for this upstream: vLLM labels them with the served
     model name (the upstream's name in a cluster, its `model` in a standalone config)."""
-    from oculis_cli.prom import PromError
+    from oculis_measure.prom import PromError
 
     def grown(metric: str) -> float | None:
         """Growth over the window per engine series (`deltas`: an engine pod that stopped before the

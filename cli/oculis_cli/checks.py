@@ -1,5 +1,5 @@
 """The shell of `oculis status --check-deps`: reads the facts (Python modules, the cluster through the
-kubeconfig, Prometheus, the baseline file) and hands them to checks_core, which decides each line."""
+kubeconfig, Prometheus, the baseline file) and hands them to oculis_measure.checks.core, which decides each line."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from oculis_cli import checks_core as core
 from oculis_cli import checks_output as out
+from oculis_measure.checks import core
 
 DEFAULT_PROMETHEUS = "http://127.0.0.1:9090"
 COLOURS = {core.PASS: "green", core.WARN: "yellow", core.FAIL: "bold red", core.SKIP: "dim"}
@@ -166,7 +166,7 @@ def access(facts: dict[str, Any], namespace: str) -> list[core.Access]:
 def prometheus_lines(args: argparse.Namespace, self_hosted: int) -> list[core.Check]:
     url = args.prometheus_url or os.environ.get("OCULIS_PROMETHEUS_URL")
     try:
-        from oculis_cli.prom import PromError, Prometheus
+        from oculis_measure.prom import PromError, Prometheus
     except ImportError:
         return [core.Check("metrics", "Prometheus reachable", core.WARN, "httpx is not installed",
                            "pip install 'oculis[bench]'", required=False)]

@@ -89,3 +89,35 @@ def money(v: float | None) -> str:
 
 def pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def cascade_text(rep: dict[str, Any]) -> str:
+    """The cascade block of a table report."""
+    buf = io.StringIO()
+    cols = ["tier", "upstream", "routed", "p_esc", "final", "routed-only $", "cascade $"]
+    rows: list[list[Any]] = [[t["tier"], t["upstream"] + ("" if t["priced"] else " (unpriced)"),
+                              pct(t["routed_share"]), pct(t["p_esc"]), pct(t["final_share"]),
+                              money(t["routed_only_cost"]), money(t["cascade_cost"])] for t in rep["tiers"]]
+    tot, base = rep["total"], rep["all_strongest"]
+    over = "" if tot["cascade_overhead_pct"] is None else f" ({tot['cascade_overhead_pct']:+.1f}%)"
+    rows.append(["total", "", "100.0%" if tot["requests"] else "-", "", "", money(tot["routed_only_cost"]),
+                 money(tot["cascade_cost"]) + over])
+    rows.append([f"all-{base['tier']}", base["upstream"], "", "", "", money(base["cost"]), ""])
+    buf.write("cascade (escalation on the answer) vs routed-only:\n")
+    plain_table(None, cols, rows, buf, right=cols[2:])
+
+    def pc(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}%"
+
+    buf.write(f"saving vs all-{base['tier']}: routed-only {pc(base['routed_only_saving_pct'])}, "
+              f"cascade {pc(base['cascade_saving_pct'])}\n")
+    buf.write(f"p_esc: {rep['p_esc_source']}\n")
+    for name, why in rep.get("unchecked", {}).items():
+        buf.write(f"  {name}: p_esc 0, {why}\n")
+    verifier = rep["verifier"]
+    buf.write(f"verifier: {verifier.get('why', verifier)}\n")
+    buf.write(f"tokens: {rep['tokens']}\n")
+    buf.write(f"formula: {rep['formula']}\n")
+    if rep.get("unpriced_note"):
+        buf.write(f"unpriced: {rep['unpriced_note']}\n")
+    return buf.getvalue()

@@ -46,7 +46,7 @@ def register(sub: Any) -> None:
 def read_suite(path: Path, weak: str, strong: str) -> tuple[list[dict[str, Any]], list[bool], list[bool],
                                                             list[str] | None]:
     """Payloads, outcomes of the two upstreams and groups; FitInputError naming the line and the fix."""
-    from oculis_cli.eval_core import SuiteLineError, parse_line
+    from oculis_measure.eval.core import SuiteLineError, parse_line
 
     if weak == strong:
         raise FitInputError(f"--weak and --strong are both {weak!r}; name two different upstreams")

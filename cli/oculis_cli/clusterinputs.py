@@ -15,9 +15,9 @@ from typing import Any, TextIO
 
 from oculis import ConfigError, Route
 from oculis_cli import checks_output as out
-from oculis_cli import route_window_core
-from oculis_cli.cost_core import Counters
 from oculis_cli.cost_sources import EXIT_USAGE, Catalog, SourceError, counters, load_catalog, open_prometheus
+from oculis_measure.cost.core import Counters
+from oculis_measure.route import window as route_window_core
 
 
 @dataclass(frozen=True)

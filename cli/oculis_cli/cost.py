@@ -1,5 +1,5 @@
 """`oculis cost report --since 7d --group-by route,tier[,upstream]`: dollars by route, tier and upstream
-from the router's counters in Prometheus and the upstreams' prices (cost_core does the arithmetic)."""
+from the router's counters in Prometheus and the upstreams' prices (oculis_measure.cost.core does the arithmetic)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import sys
 from typing import Any, TextIO
 
 from oculis_cli import checks_output as out
-from oculis_cli import cost_core, route_window_core
 from oculis_cli.clusterinputs import emit, window_inputs
 from oculis_cli.cost_sources import EXIT_USAGE, add_source_flags
+from oculis_measure.cost import core as cost_core
+from oculis_measure.route import window as route_window_core
 
 
 def add_window_flags(p: Any) -> None:

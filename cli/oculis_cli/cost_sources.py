@@ -13,8 +13,8 @@ from typing import Any
 
 from oculis import ConfigError, Pricing, RouterConfig, parse_config
 from oculis_cli.checks import DEFAULT_PROMETHEUS, kubeconfig_path
-from oculis_cli.cost_core import Counters, GPUCost
 from oculis_cli.inputs import InputError, read_config
+from oculis_measure.cost.core import Counters, GPUCost
 
 EXIT_USAGE, EXIT_UNREACHABLE = 2, 5
 
@@ -126,7 +126,7 @@ def load_catalog(args: Any) -> Catalog:
 def counters(prom: Any, t0: datetime, t1: datetime, router_selector: str = "") -> Counters:
     """Every router counter's growth over [t0, t1], by its labels. `router_selector`, e.g.
     `job="oculis"`, narrows the series to some routers."""
-    from oculis_cli.prom import PromError
+    from oculis_measure.prom import PromError
 
     s, e = t0.timestamp(), t1.timestamp()
     sel = "{" + router_selector + "}" if router_selector else ""
@@ -153,7 +153,7 @@ def counters(prom: Any, t0: datetime, t1: datetime, router_selector: str = "") -
 def open_prometheus(args: Any) -> Any:
     """A ready Prometheus client; SourceError (exit 5) when it cannot be asked."""
     try:
-        from oculis_cli.prom import PromError, Prometheus
+        from oculis_measure.prom import PromError, Prometheus
     except ImportError:
         raise SourceError("Prometheus queries need httpx: pip install 'oculis[bench]'", EXIT_USAGE) from None
     prom = Prometheus(prometheus_url(args))

@@ -1,12 +1,12 @@
 """`oculis eval run --route R --suite FILE --by-tier [--tolerance-pp 2.0]`: a route's accuracy per
-tier against the all-strongest-tier baseline, with a paired verdict (eval_core decides).
+tier against the all-strongest-tier baseline, with a paired verdict (oculis_measure.eval.core decides).
 
 Offline (the default): each suite line carries per-upstream outcomes, and the route's tier for each
 prompt comes from exactly the router's classifier path (RouteScorer), so the accuracy is the one the
 routing implies. Online (`--url`): each prompt is sent to the router under the route's name and to the
 strongest tier's upstream by name, and both answers are graded (exact, regex or a JSON field).
-Both report the cascade cost of escalating on the answer next to the routed-only cost (eval_core,
-cascade.py): offline with an oracle verifier (and the accuracy it would reach), online with the rate
+Both report the cascade cost of escalating on the answer next to the routed-only cost (oculis_measure.eval.core,
+oculis_measure.route.cascade): offline with an oracle verifier (and the accuracy it would reach), online with the rate
 the router's x-oculis-escalation-reason headers show.
 
 Exit codes: 0 PASS, 3 FAIL, 4 INCONCLUSIVE, 2 bad input, 5 router unreachable."""
@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from oculis import Route
-from oculis_cli import cascade
 from oculis_cli import checks_output as out
-from oculis_cli import eval_core as core
 from oculis_cli.clusterinputs import catalog_route, emit
 from oculis_cli.cost_sources import EXIT_UNREACHABLE, EXIT_USAGE, SourceError, add_source_flags
 from oculis_cli.inputs import InputError, finite_float, read_text
+from oculis_measure.eval import core
+from oculis_measure.route import cascade
 
 
 def register(sub: Any) -> None:
@@ -189,7 +189,7 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
     out.line(f"verdict {o['verdict']}: {o['reason']}", stdout)
     casc = rep.get("cascade")
     if casc is not None:
-        stdout.write(cascade.text(casc))
+        stdout.write(out.cascade_text(casc))
         acc = casc.get("accuracy")
         if acc is not None:
             out.line(f"accuracy: routed-only {acc['routed']:.3f}, cascade {acc['cascade']:.3f}, all-"

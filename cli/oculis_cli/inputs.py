@@ -1,6 +1,6 @@
-"""Reading the CLI's inputs (files, numbers, ports) so that every bad one is a one-line error naming the
-flag, the value and the fix, never a traceback: a file that is a directory or not UTF-8, YAML/JSON nested
-deeper than the parser can recurse, NaN or infinity where a number is wanted.
+"""Reading the CLI's inputs (the config, numbers, ports) so that every bad one is a one-line error naming
+the flag, the value and the fix, never a traceback: NaN or infinity where a number is wanted, a config the
+router's parser refuses. Files are read through oculis_measure.inputs (re-exported here for the commands).
 """
 
 from __future__ import annotations
@@ -8,38 +8,11 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from oculis import ConfigError, RouterConfig, parse_config
+from oculis_measure.inputs import InputError, load_yaml, read_text
 
-
-class InputError(ValueError):
-    """A bad CLI input; the message is one line, ready to print after the command's name."""
-
-
-def read_text(path: Path, what: str) -> str:
-    """The file's text; InputError when it cannot be read (a directory, say) or is not UTF-8."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read {what} {path}: {exc.strerror}") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{what} {path}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start}); "
-                         "save it as UTF-8") from None
-
-
-def load_yaml(text: str, what: str) -> Any:
-    """The YAML/JSON document; InputError for invalid or too deeply nested input."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InputError(f"{what}: not valid YAML/JSON: {' '.join(str(exc).split())}") from None
-    except RecursionError:
-        raise InputError(f"{what}: nested too deeply to parse; flatten the document") from None
+__all__ = ["InputError", "finite_float", "load_yaml", "port_number", "read_config", "read_text"]
 
 
 def one_line(exc: BaseException) -> str:

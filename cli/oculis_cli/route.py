@@ -4,7 +4,7 @@ router's classifier path.
 Each input line is `{"prompt": str}` or `{"messages": [...]}`. `score` writes one line per input, in
 order: `{"complexity": float, "confidence": float, "tier": str}`, or `{"error": ...}` for a bad line
 (then the exit code is 1). `analyze` summarises a sample of traffic (tier shares, complexity
-quantiles, the routed-only vs cascade cost of escalating on the answer: cascade.py) and, with
+quantiles, the routed-only vs cascade cost of escalating on the answer: oculis_measure.route.cascade) and, with
 `--shares`, suggests thresholds for a wanted split; bad lines are reported on
 stderr and give exit 1. A bad config, route or `--shares` exits 2 before reading input.
 """
@@ -113,7 +113,7 @@ def run_score(args: argparse.Namespace, stdin: TextIO = sys.stdin, stdout: TextI
 
 def cascade_flags(args: argparse.Namespace) -> float | str | None:
     """--answer-escalation-rate (None when not given) and --output-tokens checked; a str: the error."""
-    from oculis_cli import cascade
+    from oculis_measure.route import cascade
 
     try:
         cascade.parse_output_tokens(args.output_tokens)
@@ -148,7 +148,8 @@ def run_analyze(args: argparse.Namespace, stdin: TextIO | None = None, stdout: T
     scorer = load_scorer(args, "analyze")
     if scorer is None:
         return 2
-    from oculis_cli import route_analysis  # numpy: only where the router's classifier is installed
+    # numpy: only where the router's classifier is installed
+    from oculis_measure.route import analysis as route_analysis
 
     route = scorer.route
     shares = None
@@ -206,7 +207,7 @@ def render_text(name: str, report: dict[str, Any]) -> str:
         lines.append(f"  ({report['note']})")
     text = "\n".join(lines) + "\n"
     if "cascade" in report:
-        from oculis_cli import cascade
+        from oculis_cli.checks_output import cascade_text
 
-        text += cascade.text(report["cascade"])
+        text += cascade_text(report["cascade"])
     return text

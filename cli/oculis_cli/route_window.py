@@ -1,5 +1,5 @@
 """`oculis route analyze --route R --since 7d` (or `--from/--to`): the route's tier table from the
-router's counters in Prometheus (route_window_core does the arithmetic). route.py dispatches here
+router's counters in Prometheus (oculis_measure.route.window does the arithmetic). route.py dispatches here
 when a window is given; without one, analyze scores a sample (`--sample FILE` or stdin)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from oculis_cli import cascade, route_window_core
 from oculis_cli import checks_output as out
 from oculis_cli.clusterinputs import emit, window_inputs
+from oculis_measure.route import cascade
+from oculis_measure.route import window as route_window_core
 
 
 def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
@@ -49,4 +50,4 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
              f"answered ({reasons})", stdout)
     out.line(f"monthly: {rep['monthly_scaling']}; baseline: {base['rule']}", stdout)
     if "cascade" in rep:
-        stdout.write(cascade.text(rep["cascade"]))
+        stdout.write(out.cascade_text(rep["cascade"]))

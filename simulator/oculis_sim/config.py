@@ -16,7 +16,7 @@ from oculis import gpus
 from oculis.base import format_errors
 from oculis.gpus import GPUProduct
 from oculis.upstream import Engine, ModelConfig, Speculative
-from oculis_cli.inputs import InputError, load_yaml, read_text
+from oculis_measure.inputs import InputError, load_yaml, read_text
 from oculis_operator import capacity, catalog
 from oculis_sim import specdecode, steptime, versions
 

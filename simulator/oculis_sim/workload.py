@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from oculis_cli.inputs import load_yaml, read_text
+from oculis_measure.inputs import load_yaml, read_text
 
 
 class WorkloadError(ValueError):

@@ -16,8 +16,8 @@ from fake_upstreams import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # Exactly what Dockerfile.runtime and Dockerfile.operator copy into their build stages.
-ROUTER_IMAGE = ["pyproject.toml", "README.md", "crds/oculis", "runtime", "cli", "operator/oculis_operator"]
-OPERATOR_IMAGE = ["pyproject.toml", "README.md", "crds/oculis", "operator", "runtime", "cli"]
+ROUTER_IMAGE = ["pyproject.toml", "README.md", "crds/oculis", "runtime", "cli", "measure", "operator/oculis_operator"]
+OPERATOR_IMAGE = ["pyproject.toml", "README.md", "crds/oculis", "operator", "runtime", "cli", "measure"]
 
 
 def install(tmp_path: Path, extra: str, copied: list[str]) -> Path:

@@ -19,7 +19,7 @@ from e2e_support import eventually
 from router_support import Fakes, start_prometheus, start_router
 
 from oculis_cli.main import main
-from oculis_cli.prom import Prometheus
+from oculis_measure.prom import Prometheus
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
 

@@ -24,7 +24,7 @@ from router_support import Fakes, start_prometheus
 from test_router_processes import start_router
 
 from oculis_cli.main import main
-from oculis_cli.prom import Prometheus
+from oculis_measure.prom import Prometheus
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
 

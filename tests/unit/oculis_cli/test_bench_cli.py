@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from oculis_cli.bench import render_csv, render_table
-from oculis_cli.bench_stats import RequestResult, summarize
 from oculis_cli.main import main
+from oculis_measure.bench.stats import RequestResult, summarize
 
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens there
 
@@ -104,7 +104,7 @@ def _run_one(body: bytes, status: int = 200, salt: str = "", headers: dict[str, 
     import httpx
 
     from oculis_cli.bench import _one
-    from oculis_cli.bench_workload import PlannedRequest
+    from oculis_measure.bench.workload import PlannedRequest
 
     sent: list[dict[str, Any]] = []
 

@@ -15,9 +15,9 @@ import yaml
 from oculis import load_config
 from oculis.router import AnswerCheck
 from oculis_cli import clusterinputs
-from oculis_cli import eval_core as core
-from oculis_cli.cost_core import Counters
 from oculis_cli.main import main
+from oculis_measure.cost.core import Counters
+from oculis_measure.eval import core
 
 SEED = Path(__file__).resolve().parents[3] / "examples" / "oculis-config.yaml"
 SAMPLE = "".join(json.dumps({"prompt": p}) + "\n" for p in ["hi", "thanks", "what is 2+2?"])

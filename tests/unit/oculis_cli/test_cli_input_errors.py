@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from oculis import TierMatch, load_config
-from oculis_cli.route_analysis import Scored, analyze, parse_shares
+from oculis_measure.route.analysis import Scored, analyze, parse_shares
 
 ROOT = Path(__file__).resolve().parents[3]
 SEED = ROOT / "examples" / "oculis-config.yaml"

@@ -84,3 +84,40 @@ def test_test_modules_have_unique_basenames() -> None:
     seen: dict[str, Path] = {}
     clashes = [(seen[p.name], p) for p in files if seen.setdefault(p.name, p) != p]
     assert not clashes, clashes
+
+
+def module_imports(path: Path) -> set[str]:
+    """The modules a source file imports (absolute names, at any depth: function-level imports count)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+# The command shells of cli/ that take no arguments themselves: they read the commands' sources (files, the
+# cluster, Prometheus) or write their output. Anything else there without argparse is a pure core that
+# belongs in measure/oculis_measure.
+CLI_SHELL_HELPERS = {"__init__", "checks_output", "cost_sources"}
+
+
+def test_cli_holds_only_commands_and_measure_imports_no_command() -> None:
+    cli = sorted((ROOT / "cli" / "oculis_cli").glob("*.py"))
+    cores = [p.name for p in cli if p.stem not in CLI_SHELL_HELPERS and "argparse" not in module_imports(p)]
+    assert cores == [], f"pure modules in cli/oculis_cli (move them to measure/oculis_measure): {cores}"
+    measure = [p for p in (ROOT / "measure" / "oculis_measure").rglob("*.py")]
+    back = {p.relative_to(ROOT).as_posix(): sorted(m for m in module_imports(p) if m.startswith("oculis_cli"))
+            for p in measure}
+    assert {k: v for k, v in back.items() if v} == {}
+    assert "argparse" not in set().union(*(module_imports(p) for p in measure))
+    # The simulator reads its workloads through the measurement library, not the CLI's package.
+    for name in ("workload.py", "config.py"):
+        assert not {m for m in module_imports(ROOT / "simulator" / "oculis_sim" / name) if m.startswith("oculis_cli")}
+    assert "oculis_cli" not in imported_by("oculis_measure.bench.stats, oculis_measure.bench.workload, "
+                                           "oculis_measure.route.window, oculis_measure.eval.core, "
+                                           "oculis_measure.cache.advise, oculis_measure.checks.core")

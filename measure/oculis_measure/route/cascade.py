@@ -28,7 +28,6 @@ engine returns with its answer and makes no extra call.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -296,37 +295,3 @@ def window_rate(route: Route, checked: set[str], requests: Mapping[tuple[str, st
         f"the window: oculis_escalations_total{{reason=~\"{'|'.join(ANSWER_REASONS)}\"}} {replaced:g} answers "
         f"replaced ({reasons}; both checks count) / {produced:g} answers of the checked tiers "
         f"({', '.join(sorted(checked))}; pooled: the counter has no tier label)")
-
-
-def text(rep: dict[str, Any]) -> str:
-    """The cascade block of a table report."""
-    from oculis_cli import checks_output as out
-
-    buf = io.StringIO()
-    cols = ["tier", "upstream", "routed", "p_esc", "final", "routed-only $", "cascade $"]
-    rows: list[list[Any]] = [[t["tier"], t["upstream"] + ("" if t["priced"] else " (unpriced)"),
-                              out.pct(t["routed_share"]), out.pct(t["p_esc"]), out.pct(t["final_share"]),
-                              out.money(t["routed_only_cost"]), out.money(t["cascade_cost"])] for t in rep["tiers"]]
-    tot, base = rep["total"], rep["all_strongest"]
-    over = "" if tot["cascade_overhead_pct"] is None else f" ({tot['cascade_overhead_pct']:+.1f}%)"
-    rows.append(["total", "", "100.0%" if tot["requests"] else "-", "", "", out.money(tot["routed_only_cost"]),
-                 out.money(tot["cascade_cost"]) + over])
-    rows.append([f"all-{base['tier']}", base["upstream"], "", "", "", out.money(base["cost"]), ""])
-    buf.write("cascade (escalation on the answer) vs routed-only:\n")
-    out.plain_table(None, cols, rows, buf, right=cols[2:])
-
-    def pc(v: float | None) -> str:
-        return "-" if v is None else f"{v:.1f}%"
-
-    buf.write(f"saving vs all-{base['tier']}: routed-only {pc(base['routed_only_saving_pct'])}, "
-              f"cascade {pc(base['cascade_saving_pct'])}\n")
-    buf.write(f"p_esc: {rep['p_esc_source']}\n")
-    for name, why in rep.get("unchecked", {}).items():
-        buf.write(f"  {name}: p_esc 0, {why}\n")
-    verifier = rep["verifier"]
-    buf.write(f"verifier: {verifier.get('why', verifier)}\n")
-    buf.write(f"tokens: {rep['tokens']}\n")
-    buf.write(f"formula: {rep['formula']}\n")
-    if rep.get("unpriced_note"):
-        buf.write(f"unpriced: {rep['unpriced_note']}\n")
-    return buf.getvalue()

@@ -17,7 +17,7 @@ import numpy as np
 
 from oculis import Route
 from oculis.router import Upstream
-from oculis_cli import cascade
+from oculis_measure.route import cascade
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from oculis.crdgen import gpuupstream_crd
-from oculis_cli import checks_core as c
 from oculis_cli.main import main
+from oculis_measure.checks import core as c
 
 
 def test_only_a_failed_required_check_fails_the_command() -> None:

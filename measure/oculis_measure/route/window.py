@@ -16,8 +16,8 @@ from typing import Any
 
 from oculis import Pricing, Route
 from oculis.router import Upstream
-from oculis_cli import cascade
-from oculis_cli.cost_core import Cell, Counters, cells, reprice
+from oculis_measure.cost.core import Cell, Counters, cells, reprice
+from oculis_measure.route import cascade
 
 MONTH_DAYS = 30
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")

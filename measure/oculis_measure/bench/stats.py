@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from oculis_cli.inputs import InputError
+from oculis_measure.inputs import InputError
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCY = ("ttft", "tpot", "itl", "e2e")

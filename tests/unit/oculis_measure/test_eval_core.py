@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from oculis_cli import eval_core as core
 from oculis_cli.main import main
+from oculis_measure.eval import core
 
 DATA = Path(__file__).resolve().parents[4] / "shared" / "data" / "routing" / "mmlu" / "mmlu_astronomy.csv"
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from oculis_cli.prom import PromError, Prometheus
+from oculis_measure.prom import PromError, Prometheus
 
 
 def prom_with(values: dict[tuple[str, str | None], list[dict[str, Any]]]) -> tuple[Prometheus, list[dict[str, str]]]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from oculis import Route
 from oculis.router import Upstream
-from oculis_cli import cascade
+from oculis_measure.route import cascade
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 EXIT_CODES = {PASS: 0, FAIL: 3, INCONCLUSIVE: 4}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from oculis import Pricing
-from oculis_cli.cost_core import Counters, GPUCost, cells, parse_group_by, report, unattributed_dollars
+from oculis_measure.cost.core import Counters, GPUCost, cells, parse_group_by, report, unattributed_dollars
 
 PRICES = {"small": Pricing(input_per_mtok=0.1, output_per_mtok=0.2),
           "gpt": Pricing(input_per_mtok=2.5, output_per_mtok=10, cached_input_per_mtok=1.25)}

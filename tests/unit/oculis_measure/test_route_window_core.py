@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from oculis import load_config
-from oculis_cli.cost_core import Counters
-from oculis_cli.route_window_core import parse_duration, parse_time, table, window
+from oculis_measure.cost.core import Counters
+from oculis_measure.route.window import parse_duration, parse_time, table, window
 
 SEED = Path(__file__).resolve().parents[3] / "examples" / "oculis-config.yaml"
 CFG = load_config(SEED)

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from oculis import Pricing
-from oculis_cli import cache_advise_core as core
-from oculis_cli.cache_advise_core import Multipliers, Observed, advise, break_even_hits, min_hits
 from oculis_cli.main import main
+from oculis_measure.cache import advise as core
+from oculis_measure.cache.advise import Multipliers, Observed, advise, break_even_hits, min_hits
 
 
 @pytest.mark.parametrize(("w", "r", "break_even", "hits"), [
@@ -98,8 +98,8 @@ def test_cache_advise_reads_hits_per_write_from_anthropics_write_counter() -> No
     "not reported" and the read share gives only a lower bound."""
     from oculis import RouterConfig
     from oculis_cli.cache_advise import _one
-    from oculis_cli.cost_core import Counters
     from oculis_cli.cost_sources import Catalog
+    from oculis_measure.cost.core import Counters
 
     cfg = RouterConfig.model_validate({"upstreams": [
         {"name": "claude", "provider": "anthropic", "model": "claude-sonnet-4", "api_key_env": "K",

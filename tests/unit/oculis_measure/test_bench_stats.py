@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from oculis_cli.bench_stats import (
+from oculis_cli.inputs import InputError
+from oculis_measure.bench.stats import (
     RequestResult,
     Tolerances,
     check_slos,
@@ -18,7 +19,6 @@ from oculis_cli.bench_stats import (
     summarize,
     verdict,
 )
-from oculis_cli.inputs import InputError
 
 # ---- SLOs ------------------------------------------------------------------------------------------------
 

@@ -8,10 +8,11 @@ import pytest
 
 from oculis import Pricing, load_config
 from oculis.router import AnswerCheck, Route, Verifier
-from oculis_cli import cascade
-from oculis_cli.cascade import Request, Tier
-from oculis_cli.cost_core import Counters
-from oculis_cli.route_window_core import window_cascade
+from oculis_cli.checks_output import cascade_text
+from oculis_measure.cost.core import Counters
+from oculis_measure.route import cascade
+from oculis_measure.route.cascade import Request, Tier
+from oculis_measure.route.window import window_cascade
 from oculis_router.answer_check import Grading, grading_overhead_tokens
 from oculis_router.usage import Usage, cost_dollars
 
@@ -78,7 +79,7 @@ def test_an_unpriced_upstream_is_named_never_silently_zero() -> None:
     rep = cascade.report(tiers, [Request(0, 1000, 500)], "test", "test")
     assert rep["unpriced"] == ["free-a"] and "free-a" in rep["unpriced_note"]
     assert "pricing" in rep["unpriced_note"] and not rep["tiers"][0]["priced"]
-    assert "(unpriced)" in cascade.text(rep)
+    assert "(unpriced)" in cascade_text(rep)
     gone = cascade.report([Tier("a", "up-a", CHEAP, 0.3), Tier("b", "missing", None)], [Request(0, 10, 10)], "t", "t")
     assert gone["unpriced"] == ["missing"] and gone["all_strongest"]["routed_only_saving_pct"] is None
 
@@ -108,7 +109,7 @@ def test_a_verifier_grading_is_priced_per_request_on_the_answer_it_grades_plus_t
     assert rep["verifier"]["graders"] == {"judge": ["a"]} and rep["verifier"]["dollars"] == pytest.approx(0.00492)
     assert "judge grades a" in rep["verifier"]["why"] and "$0.00492" in rep["verifier"]["why"]
     assert rep["verifier"]["why"].endswith("; estimated from the requests' tokens")  # the source, filled in
-    assert "verifier: $0.00492 in the cascade cost: judge grades a" in cascade.text(rep)
+    assert "verifier: $0.00492 in the cascade cost: judge grades a" in cascade_text(rep)
     # Three alike requests in one Request: the tokens are totals, the rubric and the score are per request.
     assert cascade.grading(tiers[0], Request(0, 3000, 1500, count=3)) == pytest.approx(3 * 0.00492)
 

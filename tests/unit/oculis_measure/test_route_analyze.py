@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from oculis import load_config
-from oculis_cli.route_analysis import Scored, analyze, parse_shares
+from oculis_measure.route.analysis import Scored, analyze, parse_shares
 
 SEED = Path(__file__).resolve().parents[3] / "examples" / "oculis-config.yaml"
 ROUTE = load_config(SEED).route("adaptive")  # tiers simple / standard / complex

@@ -1,0 +1,1 @@
+"""Prompt caching: whether provider caching pays for observed traffic."""

@@ -1,0 +1,2 @@
+"""Quality evals: per-tier accuracy against the all-strongest baseline, paired verdicts, the cascade on a
+suite."""
