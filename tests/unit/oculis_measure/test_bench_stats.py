@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from oculis_cli.inputs import InputError
 from oculis_measure.bench.stats import (
     RequestResult,
     Tolerances,
@@ -19,6 +18,7 @@ from oculis_measure.bench.stats import (
     summarize,
     verdict,
 )
+from oculis_measure.inputs import InputError
 
 # ---- SLOs ------------------------------------------------------------------------------------------------
 

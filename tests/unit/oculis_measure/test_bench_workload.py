@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from oculis_cli.inputs import InputError
 from oculis_measure.bench.workload import (
     BUILTIN,
     PlannedRequest,
@@ -20,6 +19,7 @@ from oculis_measure.bench.workload import (
     parse_duration,
     plan,
 )
+from oculis_measure.inputs import InputError
 
 
 @pytest.mark.parametrize(("raw", "seconds"), [("600s", 600), ("10m", 600), ("1h30m", 5400), ("500ms", 0.5),
