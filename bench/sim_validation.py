@@ -1,19 +1,33 @@
-"""The engine simulator against published real-vLLM measurements: per point the published value and
-its source, the simulated value and the error; then the median |error| per metric (ITL, E2E, TTFT).
+"""The engine simulator against real vLLM: per point the measured value and its source, the simulated
+value and the error, in-sample points (used to fit a constant) marked; then the median |error| per metric.
 
-Points: ../shared/notes/simulator.md section 7 (B2-B9), with the request shapes those runs used as far
-as the sources state them; where a source leaves a shape out (ShareGPT lengths, MT-Bench outputs) the
-assumption is printed beside the point. All simulated figures are simulated, not measured.
+Two families:
+1. GPUs (published): real vLLM V1 runs on H100s with exact request shapes (bench/gpu_runs.py,
+   bench/data/vllm_h100_runs.json; the async-scheduling era's constants were fitted on the in-sample
+   ones), then older published points (../shared/notes/simulator.md section 7, B2-B9), each simulated
+   with its own era's `--vllm-version`;
+2. the real engine on this machine's CPU (bench/cpu_engine.py): the scheduler (order, budgets, chunking,
+   preemption, prefix reuse) against vLLM's own, with a step-time profile fitted on the calibration
+   scenarios only; recorded figures in bench/data/vllm_cpu_runs.json.
 
-    .venv/bin/python bench/sim_validation.py
+    .venv/bin/python bench/sim_validation.py              # both families from the recorded data
+    .venv/bin/python bench/sim_validation.py --record-cpu # re-record the CPU engine live (~10 min, takes
+                                                          # /tmp/oculis-vllm.lock), refit its profile
+    .venv/bin/python bench/sim_validation.py --fit-gpu    # refit the async era's constants (prints them)
+All simulated figures are simulated, not measured.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+import cpu_engine
+import gpu_runs
 
 from oculis.upstream import ModelConfig
 from oculis_sim import config, replay, workload
@@ -40,7 +54,8 @@ class Point:
     load: dict[str, Any]
     pick: str  # which simulated figure: itl_mean, itl_p50, tpot_mean, e2e_mean, ttft_mean
     assumption: str = ""
-    engine: str = "V1"  # the vLLM generation measured: V1 (and V0 multi-step, which overlaps CPU work) or V0
+    version: str = "0.8"  # the vLLM release measured (simulated with that era's --vllm-version)
+    fitted: bool = False  # in-sample: a constant of its era was chosen with this point in view
 
 
 def shape(n: int, **extra: Any) -> dict[str, Any]:
@@ -61,48 +76,49 @@ POINTS = [
           "benchmark_v0.md (v0.6.0 multi-step 10: TPOT 25.6 ms)", "ITL", 25.6,
           {"model_name": L8, "gpu_name": "H100-80GB", "max_num_seqs": 256, "max_num_batched_tokens": 2048,
            "max_model_len": "2048"}, shape(5000), "tpot_median",
-          "V0 multi-step (closest to V1's overlap); TPOT median"),
+          "V0 multi-step; TPOT median", version="0.6", fitted=True),
     Point("B4", "Llama-3.1-70B TP4 H100, same", "LambdaLabsML/vllm-benchmark (steps=10: TPOT 61 ms)", "ITL", 61.0,
           {"model_name": L70, "gpu_name": "H100-80GB", "tp": 4, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
-           "max_model_len": "2048"}, shape(5000), "tpot_median", "V0 multi-step; TPOT median"),
+           "max_model_len": "2048"}, shape(5000), "tpot_median", "V0 multi-step; TPOT median",
+          version="0.6", fitted=True),
     Point("B6h", "Llama-3.1-8B-FP8 1xH100, 320 ShareGPT at once", "LambdaLabsML/vllm-benchmark (v0.5.4: ITL 19.8 ms)",
           "ITL", 19.8, {"model_name": L8, "gpu_name": "H100-80GB", "quantization": "fp8", "max_num_seqs": 256,
                         "max_num_batched_tokens": 2048}, shape(320), "itl_mean",
-          "statistic not stated: mean assumed", engine="V0"),
+          "statistic not stated: mean assumed", version="0.5"),
     Point("B6a", "Llama-3.1-8B-FP8 1xA100-80GB, same", "LambdaLabsML/vllm-benchmark (v0.5.4: ITL 42.9 ms)", "ITL",
           42.9, {"model_name": L8, "gpu_name": "A100-80GB", "quantization": "fp8", "max_num_seqs": 256,
                  "max_num_batched_tokens": 2048}, shape(320), "itl_mean",
-          "FP8 weights, BF16 compute on A100", engine="V0"),
+          "FP8 weights, BF16 compute on A100", version="0.5"),
     Point("B7", "Llama-3.1-70B-FP8 TP4 H100, same", "LambdaLabsML/vllm-benchmark (v0.5.4: ITL 38.3 ms)", "ITL", 38.3,
           {"model_name": L70, "gpu_name": "H100-80GB", "tp": 4, "quantization": "fp8", "max_num_seqs": 256,
            "max_num_batched_tokens": 2048}, shape(320), "itl_mean",
-          "statistic not stated: mean assumed", engine="V0"),
+          "statistic not stated: mean assumed", version="0.5"),
     Point("B7b", "Llama-3.1-70B-FP8 TP2 H100, same", "LambdaLabsML/vllm-benchmark (v0.5.4: ITL 49.3 ms)", "ITL", 49.3,
           {"model_name": L70, "gpu_name": "H100-80GB", "tp": 2, "quantization": "fp8", "max_num_seqs": 256,
            "max_num_batched_tokens": 2048}, shape(320), "itl_mean",
-          "statistic not stated: mean assumed", engine="V0"),
+          "statistic not stated: mean assumed", version="0.5"),
     Point("B8h", "Mistral-7B-Instruct-v0.3 1xH100, same", "LambdaLabsML/vllm-benchmark (v0.5.4: ITL 27.2 ms)", "ITL",
           27.2, {"model_name": "mistralai/Mistral-7B-Instruct-v0.3", "model_config": MISTRAL_7B,
                  "gpu_name": "H100-80GB", "max_num_seqs": 256, "max_num_batched_tokens": 2048}, shape(320),
           "itl_mean",
-          "statistic not stated: mean assumed", engine="V0"),
+          "statistic not stated: mean assumed", version="0.5"),
     Point("B8a", "Mistral-7B-Instruct-v0.3 1xA100-80GB, same", "LambdaLabsML/vllm-benchmark (v0.5.4: ITL 56.5 ms)",
           "ITL", 56.5, {"model_name": "mistralai/Mistral-7B-Instruct-v0.3", "model_config": MISTRAL_7B,
                         "gpu_name": "A100-80GB", "max_num_seqs": 256, "max_num_batched_tokens": 2048}, shape(320),
           "itl_mean",
-          "statistic not stated: mean assumed", engine="V0"),
+          "statistic not stated: mean assumed", version="0.5"),
     Point("B9i", "Llama-3.1-8B, vllm bench serve, 1000 ShareGPT at once, default server", "vllm#18566 (mean ITL "
           "38.13 ms)", "ITL", 38.13, {"model_name": L8, "gpu_name": "H100-80GB"}, shape(1000), "itl_mean",
-          "GPU not stated (H100 assumed); vLLM defaults 1024 seqs / 8192 tokens"),
+          "GPU not stated (H100 assumed); vLLM defaults 1024 seqs / 8192 tokens", version="0.9"),
     Point("B9t", "same, mean TTFT", "vllm#18566 (mean TTFT 9626 ms)", "TTFT", 9626.13,
           {"model_name": L8, "gpu_name": "H100-80GB"}, shape(1000), "ttft_mean",
           "GPU not stated (H100 assumed); not modelled: the API server admitting 1000 chat requests one by one "
-          "(TTFT p99/mean is only 1.3 there; BLIS reports 93 % MAPE for its constant API delay)"),
+          "(TTFT p99/mean is only 1.3 there; BLIS reports 93 % MAPE for its constant API delay)", version="0.9"),
 ]
 
 
 def simulate(p: Point) -> tuple[float, dict[str, Any]]:
-    s = config.resolve(**p.settings)
+    s = config.resolve(**p.settings, vllm_version=p.version)
     res = replay.run(s, workload.parse(p.load))
     sm = res.summary
     figures = {"itl_mean": sm["itl_ms"]["mean"], "itl_p50": sm["itl_ms"]["p50"], "e2e_mean": sm["e2e_ms"]["mean"],
@@ -120,10 +136,10 @@ SPEC_POINTS = [("EAGLE-1 k=2", '{"method": "eagle", "num_speculative_tokens": 2}
 def spec_speedups() -> None:
     load = {"prompt_tokens": 100, "output_tokens": 256, "stages": [{"rate": "inf", "requests": 80}],
             "max_concurrency": 1}
-    base = replay.run(config.resolve(L8, "H100-80GB", max_num_seqs=1), workload.parse(load))
+    base = replay.run(config.resolve(L8, "H100-80GB", max_num_seqs=1, vllm_version="0.8"), workload.parse(load))
     print("\nspeculative decoding, batch 1 (vllm#16937; shown, not in the medians):")
     for name, sc, published in SPEC_POINTS:
-        s = config.resolve(L8, "H100-80GB", max_num_seqs=1, speculative_config=sc)
+        s = config.resolve(L8, "H100-80GB", max_num_seqs=1, speculative_config=sc, vllm_version="0.8")
         res = replay.run(s, workload.parse(load))
         up = res.summary["output_tokens_per_s"] / base.summary["output_tokens_per_s"]
         print(f"  {name}: published {published:.2f}x, simulated {up:.2f}x ({(up - published) / published:+.1%}) at "
@@ -131,30 +147,107 @@ def spec_speedups() -> None:
               f"{res.spec_acceptance_length or 0:.2f}")
 
 
-def main() -> int:
-    errors: dict[str, list[float]] = {"ITL": [], "E2E": [], "TTFT": []}
-    recent: dict[str, list[float]] = {"ITL": [], "E2E": [], "TTFT": []}
-    print("Engine simulator vs published vLLM measurements (simulated values are SIMULATED, not measured)\n")
-    print(f"{'point':6} {'metric':5} {'published':>10} {'simulated':>10} {'error':>8}  setup / source / assumption")
+def medians(title: str, table: dict[str, list[float]]) -> None:
+    print(f"  median |error|, {title}: " + ", ".join(
+        f"{m} {statistics.median(v):.1%} ({len(v)})" if v else f"{m} -" for m, v in table.items()))
+
+
+def h100_runs(full: bool) -> None:
+    data = gpu_runs.load()
+    runs = [r for r in data["runs"] if gpu_runs.usable(r)]
+    print("1a. Real vLLM V1 runs on H100 (exact shapes; simulated with --vllm-version "
+          f"{gpu_runs.VERSION[0]}.{gpu_runs.VERSION[1]}), mean ms: measured / simulated (error)")
+    ins: dict[str, list[float]] = {"TTFT": [], "ITL": [], "E2E": []}
+    outs: dict[str, list[float]] = {"TTFT": [], "ITL": [], "E2E": []}
+    for e in gpu_runs.errors(runs, data["model_configs"], full):
+        r, real, sim, err = e["run"], e["real"], e["sim"], e["err"]
+        table = ins if gpu_runs.in_sample(r) else outs
+        cells = []
+        for k, m in (("ttft", "TTFT"), ("itl", "ITL"), ("e2e", "E2E")):
+            table[m].append(abs(err[k]))
+            cells.append(f"{m} {real[k]:8.1f} / {sim[k]:8.1f} ({err[k]:+6.1%})")
+        tag = "in " if gpu_runs.in_sample(r) else "OUT"
+        print(f"  [{tag}] {r['id'][:44]:44} TP{r['tp']}  " + "  ".join(cells))
+    skipped = [r["id"] for r in data["runs"] if not gpu_runs.usable(r)]
+    print(f"  not compared (overloaded: queue grew without bound, as their sources say): {', '.join(skipped)}")
+    medians("in-sample (fitted)", ins)
+    medians("OUT-OF-SAMPLE", outs)
+    medians("all", {k: ins[k] + outs[k] for k in ins})
+
+
+def published_points() -> None:
+    print("\n1b. Older published points, each simulated with its era (--vllm-version)")
+    print(f"  {'point':6} {'metric':5} {'vLLM':>5} {'published':>10} {'simulated':>10} {'error':>8}  setup")
+    ins: dict[str, list[float]] = {"TTFT": [], "ITL": [], "E2E": []}
+    outs: dict[str, list[float]] = {"TTFT": [], "ITL": [], "E2E": []}
     for p in POINTS:
         value, sm = simulate(p)
         err = (value - p.published) / p.published
-        errors[p.metric].append(abs(err))
-        if p.engine == "V1":
-            recent[p.metric].append(abs(err))
-        print(f"{p.key:6} {p.metric:5} {p.published:10.1f} {value:10.1f} {err:+8.1%}  {p.what} [{p.engine}]")
-        print(f"{'':35}source: {p.source}; assumed: {p.assumption}; simulated {sm['output_tokens_per_s']:.0f} "
+        (ins if p.fitted else outs)[p.metric].append(abs(err))
+        tag = "in " if p.fitted else "OUT"
+        print(f"  [{tag}] {p.key:6} {p.metric:5} {p.version:>5} {p.published:10.1f} {value:10.1f} {err:+8.1%}  "
+              f"{p.what}")
+        print(f"  {'':35}source: {p.source}; assumed: {p.assumption}; simulated {sm['output_tokens_per_s']:.0f} "
               f"tok/s, preemptions {sm['preemptions']}")
-    for title, table in (("all points", errors), ("V1 / multi-step points only (V0 0.5.x spent ~60 % of its time "
-                                                    "on CPU scheduling and the API server: vLLM blog 2024-09-05)",
-                                                    recent)):
-        print(f"\nmedian |error|, {title}:")
-        for metric, errs in table.items():
-            if errs:
-                print(f"  {metric:5} {statistics.median(errs):6.1%} over {len(errs)} point(s)")
-            else:
-                print(f"  {metric:5} no published point")
+    medians("in-sample", ins)
+    medians("OUT-OF-SAMPLE", outs)
     spec_speedups()
+
+
+def cpu_engine_runs(record: bool) -> None:
+    print("\n2. The real engine on this machine's CPU (vllm-cpu 0.32, tiny model) vs the simulator with a fitted "
+          "CPU step profile")
+    if record:
+        cpu_engine.DATA.write_text(json.dumps(cpu_engine.record(), indent=1) + "\n")
+        cpu_engine.save_profile(cpu_engine.fit_profile(json.loads(cpu_engine.DATA.read_text())))
+    if not cpu_engine.DATA.exists():
+        print("  no recording yet: run with --record-cpu (needs /work/vllm-venv and /work/tiny-model)")
+        return
+    rec = json.loads(cpu_engine.DATA.read_text())
+    prof = cpu_engine.load_profile()
+    print(f"  recorded {rec['recorded']} (load average {', '.join(f'{x:.1f}' for x in rec['load_average'])}; "
+          f"{len(next(iter(rec['runs'].values())))} repeats, medians); profile: step {prof.step_s * 1e3:.2f} ms + "
+          f"{prof.request_s * 1e3:.3f} ms/request + {prof.prefill_token_s * 1e6:.1f} us/prefill token, API "
+          f"{prof.api_s * 1e3:.2f} ms")
+    table: dict[str, list[float]] = {"TTFT": [], "ITL": [], "E2E": [], "queue": []}
+    verdicts = []
+    for sc in cpu_engine.scenarios():
+        if sc.name not in rec["runs"]:
+            continue
+        real, sim = cpu_engine.medians(rec["runs"][sc.name]), cpu_engine.simulate(sc, prof)
+        cells = []
+        for k, m in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E"), ("queue_ms", "queue")):
+            err = sim[k] / real[k] - 1 if real[k] > 0.5 else 0.0  # sub-half-millisecond queues: both ~0
+            if not sc.fit:
+                table[m].append(abs(err))
+            cells.append(f"{m} {real[k]:7.1f}/{sim[k]:7.1f} ({err:+6.1%})")
+        same = (real["preemptions"] > 0) == (sim["preemptions"] > 0)
+        if not sc.fit:
+            verdicts.append(same)
+        tag = "in " if sc.fit else "OUT"
+        print(f"  [{tag}] {sc.name:11} " + "  ".join(cells) + f"  preemptions {real['preemptions']:.0f}/"
+              f"{sim['preemptions']}{'' if same else ' VERDICT DIFFERS'}  prefix hits {real['prefix_hit_rate']:.0%}/"
+              f"{sim['prefix_hit_rate']:.0%}")
+        print(f"  {'':17}{sc.what}")
+    medians("OUT-OF-SAMPLE scenarios", table)
+    print(f"  preemption verdict (any / none) agrees in {sum(verdicts)} of {len(verdicts)} held-out scenarios")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--record-cpu", action="store_true", help="re-record the CPU engine live and refit its profile")
+    ap.add_argument("--fit-gpu", action="store_true", help="refit the async era's constants on the in-sample runs")
+    ap.add_argument("--full", action="store_true", help="simulate every H100 run's whole duration (slow)")
+    ap.add_argument("--only", choices=["gpu", "cpu"])
+    args = ap.parse_args()
+    print("Engine simulator vs real vLLM (simulated values are SIMULATED, not measured; [in ] = used to fit)\n")
+    if args.fit_gpu:
+        print(gpu_runs.fit())
+    if args.only != "cpu":
+        h100_runs(args.full)
+        published_points()
+    if args.only != "gpu":
+        cpu_engine_runs(args.record_cpu)
     return 0
 
 

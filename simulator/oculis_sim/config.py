@@ -28,6 +28,9 @@ GiB = 1024**3
 _EXTRA = (
     GPUProduct("H100-PCIe-80GB", "NVIDIA-H100-PCIe", 81559, "hopper", 9, 0, 2000, 756, 1513),
     GPUProduct("L4-24GB", "NVIDIA-L4", 23034, "ada-lovelace", 8, 9, 300, 121, 242),
+    # vLLM's CPU backend: no datasheet roofline applies, so it needs a fitted --step-profile; the memory
+    # figure only feeds the KV plan (the real engine sizes its cache from --kv-cache-memory-bytes).
+    GPUProduct("CPU", "CPU", 16384, "cpu", 0, 0),
 )
 EXTRA_GPUS: dict[str, GPUProduct] = {p.key: p for p in _EXTRA if p.key not in gpus.GPU_PRODUCTS}
 
@@ -88,6 +91,7 @@ class Settings:
     prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: usage carries cached tokens
     vllm_version: tuple[int, int] = capacity.DEFAULT_VLLM  # the engine release whose overheads are modelled
     block_size: int = capacity.BLOCK  # KV block in tokens (vLLM's CPU backend uses 128)
+    step_profile: steptime.FittedSteps | None = None  # a fitted step-time model replaces the roofline
 
     @property
     def version_profile(self) -> versions.VersionProfile:
@@ -114,7 +118,7 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
             acceptance_rate: float | None = None, served_names: tuple[str, ...] = (), seed: int = 0,
             num_gpu_blocks_override: int | None = None, vllm_version: str | tuple[int, int] | None = None,
             block_size: int = capacity.BLOCK, mean_logprob: float = -0.4,
-            prompt_tokens_details: bool = False) -> Settings:
+            prompt_tokens_details: bool = False, step_profile: Path | steptime.FittedSteps | None = None) -> Settings:
     if not gpu_name:
         raise SimConfigError("--gpu: missing; name the GPU product to simulate (e.g. --gpu H100-80GB, or set "
                              "OCULIS_SIM_GPU)")
@@ -126,6 +130,10 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
         raise SimConfigError(str(exc)) from None
     if block_size not in (8, 16, 32, 64, 128, 256):
         raise SimConfigError(f"--block-size {block_size}: use one of 8, 16, 32, 64, 128 (CPU backend), 256")
+    fitted = load_step_profile(step_profile) if isinstance(step_profile, Path) else step_profile
+    if gpu.family == "cpu" and fitted is None:
+        raise SimConfigError(f"--gpu {gpu_name}: a CPU has no datasheet roofline; pass --step-profile FILE fitted on "
+                             "it (e.g. bench/data/cpu_step_profile.json)")
     inline = load_model_config(model_config) if isinstance(model_config, Path) else model_config
     try:
         model = catalog.lookup(model_name, inline)
@@ -236,11 +244,33 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
         weights_bytes_per_gpu=plan.weights_bytes_per_gpu, kv_bytes_per_token=plan.kv_bytes_per_token, seed=seed,
         vllm_version=version, block_size=block_size, model_path=model_name,
         num_gpu_blocks_override=num_gpu_blocks_override, mean_logprob=mean_logprob,
-        prompt_tokens_details=prompt_tokens_details)
+        prompt_tokens_details=prompt_tokens_details, step_profile=fitted)
+
+
+def load_step_profile(path: Path) -> steptime.FittedSteps:
+    """A fitted step-time model (JSON/YAML with the FittedSteps fields), one line naming the flag if wrong."""
+    try:
+        data = load_yaml(read_text(path, "--step-profile"), f"--step-profile {path}")
+    except InputError as exc:
+        raise SimConfigError(str(exc)) from None
+    fields = set(steptime.FittedSteps.__dataclass_fields__)
+    if not isinstance(data, dict) or not {"step_s", "request_s", "prefill_token_s", "decode_token_s"} <= set(data):
+        raise SimConfigError(f"--step-profile {path}: needs step_s, request_s, prefill_token_s and decode_token_s "
+                             "(seconds)")
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise SimConfigError(f"--step-profile {path}: {unknown[0]}: unknown key; use {', '.join(sorted(fields))}")
+    bad = [k for k, v in data.items() if k != "source" and (isinstance(v, bool) or not isinstance(v, int | float)
+                                                            or not 0 <= v < 60)]
+    if bad:
+        raise SimConfigError(f"--step-profile {path}: {bad[0]}: {data[bad[0]]!r} must be seconds between 0 and 60")
+    return steptime.FittedSteps(**data)
 
 
 def cost_models(s: Settings) -> tuple[steptime.StepCostModel, steptime.StepCostModel | None]:
     """The target's step cost and, for a draft model, the draft's (its weights are part of the plan's)."""
+    if s.step_profile is not None:
+        return s.step_profile.cost_model(), None
     # 8-bit linear weights (an fp8 checkpoint such as DeepSeek-V3, whose dtypeBytes is its 2-byte compute
     # dtype, or --quantization fp8) run the 8-bit tensor-core rate: the capacity plan's bytes per weight decides.
     fp8 = capacity.weight_bytes_per_param(s.model, s.quantization) == 1.0

@@ -7,6 +7,8 @@ until it on the wall clock. Both therefore run the same engine.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from oculis_sim.config import Settings, cost_models
@@ -57,12 +59,28 @@ class EngineCore:
         layer = c.weight_time_s * (1 / m.num_layers + 0.07)
         self.head_pass_s = layer + c.graph_s / m.num_layers + c.step_cpu_s / 2
         self.next_rid = 0
+        # Async scheduling (vLLM >= 0.12): step N+1 is planned while step N runs, so a request that arrives
+        # during step N is first scheduled in step N+2; its first token comes about a step later than with
+        # synchronous scheduling (the inter-token gaps are unchanged).
+        self.inbox: deque[tuple[float, Request]] = deque()
+        self.prev_start = self.prev_end = -math.inf
 
-    def add(self, req: Request) -> None:
-        self.scheduler.add(req)
+    def add(self, req: Request, at: float | None = None) -> None:
+        """`at`: when the engine core receives it (default: the request's arrival), in arrival order."""
+        if self.cost.overlap:
+            self.inbox.append((req.arrival if at is None else at, req))
+        else:
+            self.scheduler.add(req)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return bool(self.inbox) or self.scheduler.has_work()
+
+    def _admit_arrived(self, now: float) -> None:
+        busy = self.prev_end >= now - 1e-12 and self.scheduler.has_work()
+        cutoff = self.prev_start if busy else now  # an idle engine plans the next step at once
+        inbox = self.inbox
+        while inbox and inbox[0][0] <= cutoff:
+            self.scheduler.add(inbox.popleft()[1])
 
     def _draft_seconds(self, plan: StepPlan, proposing: int, proposed_tokens: int) -> float:
         s = self.settings
@@ -76,6 +94,8 @@ class EngineCore:
 
     def step(self, now: float) -> StepResult:
         sched = self.scheduler
+        if self.inbox:
+            self._admit_arrived(now)
         plan = sched.schedule()
         c = self.counters
         c.steps += 1
@@ -111,6 +131,7 @@ class EngineCore:
         if usage > c.peak_kv_usage:
             c.peak_kv_usage = usage
         emitted, finished = sched.update(plan, accepted)
+        self.prev_start, self.prev_end = now, now + duration
         for _, n in emitted:
             c.generation_tokens += n
         return StepResult(now, now + duration, emitted, finished, plan)

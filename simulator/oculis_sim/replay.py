@@ -43,6 +43,7 @@ class ReplayResult:
     output_tokens: int
     spec_acceptance_length: float | None
     tpot_ms: dict[str, float]  # per request (E2E - TTFT) / (output - 1), as vLLM bench's TPOT
+    queue_ms: dict[str, float]  # waiting before first scheduled, as vllm:request_queue_time_seconds
 
 
 class _Rec:
@@ -57,18 +58,22 @@ class _Rec:
 def run(settings: Settings, wl: Workload) -> ReplayResult:
     core = EngineCore(settings)
     n = len(wl)
-    prefix_blocks = wl.shared_prefix_tokens // settings.block_size
-    # One prefix per group (a system prompt); the whole workload is one group unless it names several.
+    block = settings.block_size
+    prefix_blocks = wl.shared_prefix_tokens // block
+    # One prefix per group (a system prompt); the whole workload is one group unless it names several. A
+    # workload of fixed prompts (prompt_ids) repeats whole prompts: their own blocks are cacheable too.
     groups = wl.prefix_groups.tolist() if wl.prefix_groups is not None else None
-    group_hashes: dict[int, tuple[object | None, ...]] = {}
+    ids = wl.prompt_ids.tolist() if wl.prompt_ids is not None else None
+    known: dict[tuple[int, int], tuple[object | None, ...]] = {}
 
     def hashes_of(i: int) -> tuple[object | None, ...]:
-        if not prefix_blocks:
-            return ()
         g = groups[i] if groups is not None else 0
-        if g not in group_hashes:
-            group_hashes[g] = tuple((SHARED, g, b) for b in range(prefix_blocks))
-        return group_hashes[g]
+        p = ids[i] if ids is not None else -1
+        key = (g, p)
+        if key not in known:
+            whole = prompts[i] // block if p >= 0 else prefix_blocks
+            known[key] = tuple((SHARED, g, b) if b < prefix_blocks else (SHARED, g, p, b) for b in range(whole))
+        return known[key]
 
     api = core.cost.api_s
     lag = core.cost.per_token_s
@@ -88,6 +93,7 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     ttft = array("d")
     e2e = array("d")
     tpot = array("d")
+    queue = array("d")
     out_tokens = 0
     last_done = 0.0
 
@@ -111,8 +117,8 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     release(0.0)
     while True:
         while entering and entering[0][0] <= t:
-            _, i = heapq.heappop(entering)
-            core.add(Request(i, prompts[i], outputs[i], t, hashes_of(i)))
+            at, i = heapq.heappop(entering)
+            core.add(Request(i, prompts[i], outputs[i], at, hashes_of(i)))
         if not core.has_work():
             if entering:
                 t = entering[0][0]
@@ -121,6 +127,9 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
         res = core.step(t)
         if not res.plan.scheduled:  # cannot happen while max_model_len fits the cache; never spin on it
             raise RuntimeError("engine made no progress: a request needs more KV blocks than exist")
+        for req in res.plan.admitted:
+            if not req.preemptions:  # first admission (a preempted one is re-admitted later)
+                queue.append(res.start - req.arrival)
         t = res.end
         for req, k in res.emitted:
             rec = recs[req.rid]
@@ -161,4 +170,5 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     al = (1 + c.spec_accepted / c.spec_drafts) if c.spec_drafts else None
     hit_rate = c.prefix_hits / c.prefix_queries if c.prefix_queries else 0.0
     return ReplayResult(summary, c.peak_kv_usage, refused, hit_rate, duration, out_tokens, al,
-                        stats_ms(np.frombuffer(tpot, dtype=np.float64)))
+                        stats_ms(np.frombuffer(tpot, dtype=np.float64)),
+                        stats_ms(np.frombuffer(queue, dtype=np.float64)))

@@ -164,7 +164,9 @@ class Scheduler:
         pool = self.pool
         pool.private -= req.blocks
         req.blocks = 0
-        for h in req.shared:
+        # Tail blocks first (vLLM frees a request's blocks in reverse order): eviction, oldest freed first,
+        # then takes a prompt's tail before its head, so a shared prefix outlives the questions behind it.
+        for h in reversed(req.shared):
             pool.unref(h, drop=preempted)
         req.shared = []
         req.cached_upto = 0

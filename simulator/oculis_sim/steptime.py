@@ -113,3 +113,30 @@ def cost_model(model: ModelConfig, gpu: GPUProduct, tp: int, weights_bytes_per_g
         allreduce_per_token_s=allreduce, step_cpu_s=v.step_cpu_s, request_cpu_s=v.request_cpu_s, overlap=v.overlap,
         api_s=v.api_s, finish_s=v.finish_s, per_token_s=v.per_token_s,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class FittedSteps:
+    """A step-time model fitted on the machine itself (e.g. vLLM's CPU backend, where no datasheet roofline
+    applies): step = step_s + request_s x requests + prefill_token_s x prefill tokens + decode_token_s x
+    decode tokens + pair_s x attention pairs, CPU and compute serial. Loaded from `--step-profile FILE`."""
+
+    step_s: float
+    request_s: float
+    prefill_token_s: float
+    decode_token_s: float
+    pair_s: float = 0.0
+    api_s: float = 0.0
+    finish_s: float = 0.0
+    per_token_s: float = 0.0
+    source: str = ""
+
+    def cost_model(self) -> StepCostModel:
+        pf = 1 / self.prefill_token_s if self.prefill_token_s > 0 else 1e30
+        dc = 1 / self.decode_token_s if self.decode_token_s > 0 else 1e30
+        return StepCostModel(
+            weight_time_s=0.0, expert_time_s=0.0, expert_tokens_to_all=1.0, kv_time_per_token_s=0.0,
+            flops_per_token=1.0, attn_flops_per_pair=self.pair_s * pf, peak_flops=pf, prefill_flops_s=pf,
+            decode_flops_s=dc, eager_s=0.0, graph_s=0.0, allreduce_per_token_s=0.0, step_cpu_s=self.step_s,
+            request_cpu_s=self.request_s, overlap=False, api_s=self.api_s, finish_s=self.finish_s,
+            per_token_s=self.per_token_s)

@@ -7,6 +7,9 @@ YAML or JSON:
     shared_prefix_tokens: 0                  # a prefix common to every request (prefix caching)
     prefix_groups: 1                         # optional: N distinct prefixes of that length (system prompts),
                                              # each request drawn uniformly from one group
+    prompts_per_group: 5                     # optional: each group has this many fixed prompts that requests
+                                             # repeat whole (inference-perf's shared_prefix data): the prompt
+                                             # after the prefix is cacheable too; lengths drawn once per prompt
     stages: [{rate: 10, seconds: 3600}]      # Poisson arrivals per stage; {rate: 10, requests: N}: exactly N;
                                              # {rate: inf, requests: N} sends N at once
     burstiness: 1.0                          # gamma shape of the gaps, as vLLM's benchmark (1 = Poisson)
@@ -40,6 +43,7 @@ class Workload:
     shared_prefix_tokens: int
     max_concurrency: int | None
     prefix_groups: np.ndarray | None = None  # which prefix each request starts with (None: one for all)
+    prompt_ids: np.ndarray | None = None  # which fixed prompt of its group a request repeats (None: all unique)
 
     def __len__(self) -> int:
         return len(self.arrivals)
@@ -124,7 +128,7 @@ def parse(data: Any) -> Workload:
     if not isinstance(data, dict):
         raise WorkloadError("the workload must be a mapping with prompt_tokens, output_tokens and stages")
     known = {"prompt_tokens", "output_tokens", "shared_prefix_tokens", "stages", "burstiness", "seed", "requests",
-             "max_concurrency", "prefix_groups"}
+             "max_concurrency", "prefix_groups", "prompts_per_group"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise WorkloadError(f"{unknown[0]}: unknown key; use {', '.join(sorted(known))}")
@@ -140,6 +144,10 @@ def parse(data: Any) -> Workload:
     n_groups = data.get("prefix_groups", 1)
     if isinstance(n_groups, bool) or not isinstance(n_groups, int) or n_groups < 1:
         raise WorkloadError(f"prefix_groups: {n_groups!r} must be a positive integer (how many distinct prefixes)")
+
+    per_group = data.get("prompts_per_group")
+    if per_group is not None and (isinstance(per_group, bool) or not isinstance(per_group, int) or per_group < 1):
+        raise WorkloadError(f"prompts_per_group: {per_group!r} must be a positive integer (fixed prompts per group)")
 
     def grouped(n: int) -> np.ndarray | None:
         return rng.integers(0, n_groups, n) if n_groups > 1 else None
@@ -168,6 +176,11 @@ def parse(data: Any) -> Workload:
             raise WorkloadError(f"{key}: missing (or give explicit `requests`)")
     arrivals = _arrivals(data["stages"], burst, rng)
     n = len(arrivals)
+    if per_group is not None:  # a fixed set of prompts, each request one of them (clients as inference-perf's)
+        pick = rng.integers(0, n_groups * per_group, n)
+        prompts = _draw("prompt_tokens", data["prompt_tokens"], n_groups * per_group, rng)[pick]
+        outputs = _draw("output_tokens", data["output_tokens"], n_groups * per_group, rng)[pick]
+        return Workload(arrivals, prompts + shared, outputs, shared, conc, pick // per_group, pick % per_group)
     prompts = _draw("prompt_tokens", data["prompt_tokens"], n, rng)
     outputs = _draw("output_tokens", data["output_tokens"], n, rng)
     return Workload(arrivals, prompts + shared, outputs, shared, conc, grouped(n))

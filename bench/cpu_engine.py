@@ -1,0 +1,273 @@
+"""The real vLLM engine on this machine's CPU as the scheduler's reference: scenarios, recording, replay.
+
+Scenarios are exact request lists (token-id prompts, ignore_eos outputs, planned send times), so the
+simulator replays the very shapes the engine served. Calibration scenarios (single requests, fixed
+concurrency) fit the CPU step-time profile (`oculis_sim.steptime.FittedSteps`); the load scenarios
+(Poisson, bursts, shared prefixes, chunked prefills, a tiny KV cache that forces preemption) are only
+compared, never fitted. Recording needs the shared engine virtualenv and tiny model
+(../shared/notes/vllm-on-cpu.md) and holds /tmp/oculis-vllm.lock while an engine runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import fcntl
+import itertools
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from oculis.upstream import ModelConfig
+from oculis_sim import config, replay, steptime
+from oculis_sim.workload import Workload
+
+DATA = Path(__file__).parent / "data" / "vllm_cpu_runs.json"
+PROFILE = Path(__file__).parent / "data" / "cpu_step_profile.json"
+VENV = Path(os.environ.get("OCULIS_VLLM_VENV", "/work/vllm-venv"))
+MODEL_DIR = Path(os.environ.get("OCULIS_TINY_MODEL", "/work/tiny-model"))
+LOCK = "/tmp/oculis-vllm.lock"
+PORT = 37100
+BLOCK = 128  # vLLM's CPU backend block size
+VOCAB = 4000  # token ids drawn below the tiny model's 4,096-entry vocabulary
+MAX_LEN = 512
+# The tiny model (/work/tiny-model/config.json): LlamaForCausalLM, hidden 256, 2 layers, 4 heads, 2 KV heads,
+# head 64, MLP 512, vocabulary 4,096 (3.28 M parameters).
+TINY = ModelConfig(params_billions=0.00328, num_layers=2, hidden_size=256, num_attention_heads=4, num_kv_heads=2,
+                   head_dim=64, vocab_size=4096, max_position_embeddings=2048, intermediate_size=512)
+KV_BYTES_PER_BLOCK = BLOCK * 2 * TINY.num_layers * TINY.num_kv_heads * TINY.head_dim * 2
+ENGINES: dict[str, dict[str, int]] = {
+    # roomy cache, small token budget: prompts over 256 tokens are prefilled in chunks
+    "roomy": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "kv_blocks": 256},
+    # ten blocks of 128 tokens for eight sequences of up to four blocks: preemption
+    "tiny": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "kv_blocks": 10},
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    engine: str
+    fit: bool  # calibration (fits the CPU profile) or held-out comparison
+    # per request: (send time s, prompt tokens, output tokens, prefix group or -1, prefix tokens)
+    requests: tuple[tuple[float, int, int, int, int], ...]
+    what: str
+
+
+def _poisson(rng: np.random.Generator, n: int, rate: float) -> np.ndarray:
+    t = np.cumsum(rng.exponential(1 / rate, n))
+    return t - t[0]
+
+
+def scenarios() -> list[Scenario]:
+    rng = np.random.default_rng(24)
+    out: list[Scenario] = []
+    single = [(i * 1.5, p, 48, -1, 0) for i, p in enumerate([16, 128, 250, 16, 128, 250, 400, 400])]
+    out.append(Scenario("single", "roomy", True, tuple(single), "one request at a time: prompts 16-400, 48 out"))
+    for c in (4, 8):
+        out.append(Scenario(f"concurrent{c}", "roomy", True, tuple((0.0, 16, 64, -1, 0) for _ in range(c)),
+                            f"{c} requests at once, 16 in / 64 out"))
+    n = 40
+    at = _poisson(rng, n, 3.0)
+    out.append(Scenario("poisson", "roomy", False, tuple(
+        (float(t), int(rng.integers(32, 400)), int(rng.integers(16, 96)), -1, 0) for t in at),
+        "Poisson 3 req/s, prompts 32-400, outputs 16-96"))
+    bursts = [(3.0 * b, int(rng.integers(64, 300)), int(rng.integers(32, 64)), -1, 0) for b in range(4)
+              for _ in range(10)]
+    out.append(Scenario("bursts", "roomy", False, tuple(bursts), "4 bursts of 10 every 3 s (max_num_seqs 8)"))
+    at = _poisson(rng, 36, 3.0)
+    out.append(Scenario("prefix", "roomy", False, tuple(
+        (float(t), 256 + int(rng.integers(64, 160)), int(rng.integers(16, 64)), int(rng.integers(0, 3)), 256)
+        for t in at), "3 shared prefixes of 256 tokens (2 blocks) + 64-160 own, Poisson 3 req/s"))
+    at = _poisson(rng, 12, 1.5)
+    out.append(Scenario("chunked", "roomy", False, tuple((float(t), 480, 32, -1, 0) for t in at),
+                        "480-token prompts over a 256-token budget (2 chunks), Poisson 1.5 req/s"))
+    out.append(Scenario("preempt", "tiny", False, tuple((0.0, 200, 200, -1, 0) for _ in range(8)),
+                        "8 x (200 in, 200 out) at once into 9 usable blocks of 128: preemption"))
+    out.append(Scenario("fits", "tiny", False, tuple((0.5 * i, 100, 100, -1, 0) for i in range(4)),
+                        "4 x (100 in, 100 out), 0.5 s apart, same tiny cache: fits"))
+    return out
+
+
+def _prompts(sc: Scenario, repeat: int) -> list[list[int]]:
+    """Token ids: unique per scenario and repeat (no cache hits across them); a prefix group shares its ids."""
+    rng = np.random.default_rng(zlib.crc32(f"{sc.name}/{repeat}".encode()))
+    groups: dict[int, list[int]] = {}
+    prompts = []
+    for _, p, _, g, plen in sc.requests:
+        if g >= 0 and g not in groups:
+            groups[g] = rng.integers(10, VOCAB, plen).tolist()
+        head = groups[g] if g >= 0 else []
+        prompts.append(head + rng.integers(10, VOCAB, p - len(head)).tolist())
+    return prompts
+
+
+def simulate(sc: Scenario, profile: steptime.FittedSteps) -> dict[str, float]:
+    e = ENGINES[sc.engine]
+    s = config.resolve("tiny", "CPU", model_config=TINY, max_num_seqs=e["max_num_seqs"],
+                       max_num_batched_tokens=e["max_num_batched_tokens"], max_model_len=str(MAX_LEN),
+                       num_gpu_blocks_override=e["kv_blocks"], block_size=BLOCK, step_profile=profile)
+    r = sc.requests
+    prefix = max(x[4] for x in r)
+    wl = Workload(np.array([x[0] for x in r]), np.array([x[1] for x in r]), np.array([x[2] for x in r]), prefix,
+                  None, np.array([max(x[3], 0) for x in r]) if prefix else None)
+    res = replay.run(s, wl)
+    sm = res.summary
+    return {"ttft_ms": sm["ttft_ms"]["mean"], "itl_ms": sm["itl_ms"]["mean"], "e2e_ms": sm["e2e_ms"]["mean"],
+            "queue_ms": res.queue_ms["mean"], "preemptions": sm["preemptions"], "prefix_hit_rate": res.prefix_hit_rate}
+
+
+# ---- recording (the real engine) ----
+
+def _metric(text: str, name: str) -> float:
+    total = 0.0
+    for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M):
+        total += float(m.group(1))
+    return total
+
+
+async def _one(client: httpx.AsyncClient, url: str, prompt: list[int], out: int, delay: float,
+               t0: float) -> dict[str, Any]:
+    await asyncio.sleep(max(0.0, t0 + delay - time.perf_counter()))
+    sent = time.perf_counter()
+    stamps: list[float] = []
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": out, "ignore_eos": True, "stream": True,
+            "temperature": 0.0}
+    async with client.stream("POST", url, json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
+                    stamps.append(time.perf_counter())
+    return {"ttft": stamps[0] - sent, "itl": [b - a for a, b in itertools.pairwise(stamps)],
+            "e2e": stamps[-1] - sent}
+
+
+async def _run(base: str, sc: Scenario, repeat: int) -> dict[str, float]:
+    prompts = _prompts(sc, repeat)
+    async with httpx.AsyncClient(timeout=600) as client:
+        before = (await client.get(f"{base}/metrics")).text
+        t0 = time.perf_counter() + 0.2
+        got = await asyncio.gather(*(_one(client, f"{base}/v1/completions", p, r[2], r[0], t0)
+                                     for p, r in zip(prompts, sc.requests, strict=True)))
+        await asyncio.sleep(1.0)  # let the engine publish its counters
+        after = (await client.get(f"{base}/metrics")).text
+
+    def delta(name: str) -> float:
+        return _metric(after, name) - _metric(before, name)
+
+    q = delta("vllm:request_queue_time_seconds_count")
+    queries = delta("vllm:prefix_cache_queries_total")
+    return {"ttft_ms": 1000 * statistics.fmean(g["ttft"] for g in got),
+            "itl_ms": 1000 * statistics.fmean(x for g in got for x in g["itl"]),
+            "e2e_ms": 1000 * statistics.fmean(g["e2e"] for g in got),
+            "queue_ms": 1000 * delta("vllm:request_queue_time_seconds_sum") / q if q else 0.0,
+            "preemptions": delta("vllm:num_preemptions_total"),
+            "prefix_hit_rate": delta("vllm:prefix_cache_hits_total") / queries if queries else 0.0}
+
+
+@contextlib.contextmanager
+def _engine(name: str) -> Any:
+    e = ENGINES[name]
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    cmd = [str(VENV / "bin" / "vllm"), "serve", str(MODEL_DIR), "--served-model-name", "tiny", "--max-model-len",
+           str(MAX_LEN), "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(PORT), "--max-num-seqs",
+           str(e["max_num_seqs"]), "--max-num-batched-tokens", str(e["max_num_batched_tokens"]),
+           "--kv-cache-memory-bytes", str((e["kv_blocks"] + 1) * KV_BYTES_PER_BLOCK), "--block-size", str(BLOCK)]
+    log = open(f"/tmp/oculis-simtime-engine-{name}.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"engine {name} exited {proc.returncode}: see {log.name}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{PORT}/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(2)
+        else:
+            raise RuntimeError(f"engine {name} not healthy after 600 s: see {log.name}")
+        text = httpx.get(f"http://127.0.0.1:{PORT}/metrics").text
+        m = re.search(r'num_gpu_blocks="(\d+)"', text)
+        yield int(m.group(1)) if m else None
+    finally:
+        os.killpg(proc.pid, 15)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        log.close()
+
+
+def record(repeats: int = 3) -> dict[str, Any]:
+    """Start each engine once (under the shared lock), run its scenarios `repeats` times, keep every run."""
+    runs: dict[str, Any] = {}
+    blocks: dict[str, int | None] = {}
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for engine in ENGINES:
+            with _engine(engine) as nblocks:
+                blocks[engine] = nblocks
+                base = f"http://127.0.0.1:{PORT}"
+                asyncio.run(_run(base, Scenario("warmup", engine, True, ((0.0, 64, 8, -1, 0),) * 2, ""), 99))
+                for sc in (s for s in scenarios() if s.engine == engine):
+                    runs[sc.name] = [asyncio.run(_run(base, sc, r)) for r in range(repeats)]
+                    print(f"recorded {sc.name}: {runs[sc.name]}", file=sys.stderr, flush=True)
+    load = os.getloadavg()
+    return {"about": "Real vLLM (vllm-cpu 0.32, V1, CPU backend) serving the tiny random-weight model on this 2-core "
+            "machine shared with other jobs: expect CPU timing noise; each scenario repeated, medians compared.",
+            "recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": load,
+            "engines": ENGINES, "engine_kv_blocks": blocks, "runs": runs}
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def fit_profile(recorded: dict[str, Any]) -> steptime.FittedSteps:
+    """The CPU step model from the calibration scenarios only (single requests, fixed concurrency): Nelder-Mead
+    on the log of the per-step, per-request, per-prefill-token and API times, matching median TTFT and ITL."""
+    from scipy.optimize import minimize
+
+    cal = [s for s in scenarios() if s.fit]
+    real = {s.name: medians(recorded["runs"][s.name]) for s in cal}
+
+    def profile(x: np.ndarray) -> steptime.FittedSteps:
+        step, req, tok, api = np.exp(x)
+        return steptime.FittedSteps(step_s=step, request_s=req, prefill_token_s=tok, decode_token_s=0.0, api_s=api,
+                                    source="fitted by bench/cpu_engine.py on scenarios " + ", ".join(real))
+
+    def loss(x: np.ndarray) -> float:
+        p = profile(x)
+        total = 0.0
+        for s in cal:
+            sim = simulate(s, p)
+            total += sum(math.log(sim[k] / real[s.name][k]) ** 2 for k in ("ttft_ms", "itl_ms"))
+        return total
+
+    x0 = np.log([5e-3, 5e-4, 2e-5, 3e-3])
+    best = minimize(loss, x0, method="Nelder-Mead", options={"maxfev": 400, "xatol": 1e-3, "fatol": 1e-5})
+    return profile(best.x)
+
+
+def load_profile() -> steptime.FittedSteps:
+    return steptime.FittedSteps(**json.loads(PROFILE.read_text()))
+
+
+def save_profile(p: steptime.FittedSteps) -> None:
+    PROFILE.write_text(json.dumps(dataclasses.asdict(p), indent=1) + "\n")
