@@ -8,6 +8,7 @@ vllm/sampling_params.py), so a client or the router sees the same error from eit
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -47,9 +48,16 @@ def schema_error(kind: str, loc: tuple[str | int, ...], msg: str, value: Any, pa
                     f"'input': {shown!r}}}", "Bad Request", param if param is not None else where)
 
 
-def validator_error(message: str, parameter: str, body: dict[str, Any]) -> ApiError:
-    """A request model validator's refusal (raised inside pydantic: wrapped as a validation error)."""
-    return schema_error("value_error", (), f"Value error, {message}", body, parameter)
+def validator_error(message: str, parameter: str) -> ApiError:
+    """A request model validator's refusal: vLLM raises its VLLMValidationError through pydantic unchanged."""
+    return invalid(message, parameter)
+
+
+def json_error(exc: json.JSONDecodeError) -> ApiError:
+    """A body that is not JSON, as FastAPI reports it through vLLM's handler (its loc is the error's offset)."""
+    return ApiError(400, f"1 validation error:\n  {{'type': 'json_invalid', 'loc': 'body.{exc.pos}', 'msg': 'JSON "
+                    f"decode error', 'input': '<dict of 0 items>', 'ctx': {{'error': '{exc.msg}'}}}}", "Bad Request",
+                    f"body.{exc.pos}")
 
 
 @dataclass(frozen=True)
@@ -147,16 +155,15 @@ def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int,
     stream = bool(body.get("stream"))
     opts = body.get("stream_options")
     if opts is not None and not stream:
-        raise validator_error("Stream options can only be defined when `stream=True`.", "stream_options", body)
+        raise validator_error("Stream options can only be defined when `stream=True`.", "stream_options")
     if chat:
         top = _int(body, "top_logprobs")
         want = bool(body.get("logprobs"))
         if top is not None:
             if top < 0 and top != -1:
-                raise validator_error("`top_logprobs` must be a positive value or -1.", "top_logprobs", body)
+                raise validator_error("`top_logprobs` must be a positive value or -1.", "top_logprobs")
             if (top == -1 or top > 0) and not want:
-                raise validator_error("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs",
-                                      body)
+                raise validator_error("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
         logprobs = (top or 0) if want else None
     else:
         logprobs = _int(body, "logprobs")

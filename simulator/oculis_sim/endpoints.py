@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from oculis_sim import FINGERPRINT, VLLM_VERSION
-from oculis_sim.api_request import ApiError, schema_error
+from oculis_sim.api_request import ApiError, json_error, schema_error
 from oculis_sim.tokens import TEMPLATE_TOKENS_PER_MESSAGE, decode, prompt_tokens, token_id
 
 if TYPE_CHECKING:
@@ -53,9 +53,10 @@ def add_routes(app: web.Application, sim: SimServer) -> None:
     async def body_of(request: web.Request) -> dict[str, Any]:
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError(400, "1 validation error:\n  {'type': 'json_invalid', 'loc': 'body', 'msg': 'JSON decode "
-                                "error'}", "Bad Request", "body") from None
+        except json.JSONDecodeError as exc:
+            raise json_error(exc) from None
+        except UnicodeDecodeError:
+            raise json_error(json.JSONDecodeError("invalid UTF-8", "", 0)) from None
         if not isinstance(body, dict):
             raise schema_error("model_attributes_type", (), "Input should be a valid dictionary", body)
         model = body.get("model")

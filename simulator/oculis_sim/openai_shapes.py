@@ -13,21 +13,29 @@ from typing import Any
 from oculis_sim import FINGERPRINT
 
 
-def usage(prompt: int, completion: int, cached: int | None = None) -> dict[str, Any]:
-    """UsageInfo; prompt_tokens_details only with --enable-prompt-tokens-details (cached is then not None)."""
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": None if cached is None else {"cached_tokens": cached}}
+def usage(prompt: int, completion: int, cached: int | None = None, streamed: bool = False) -> dict[str, Any]:
+    """UsageInfo; prompt_tokens_details only with --enable-prompt-tokens-details (cached is then not None).
+    A stream's usage chunk leaves the unset details out."""
+    use: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                           "completion_tokens": completion}
+    details = None if cached is None else {"cached_tokens": cached}
+    if not streamed:
+        use.update(prompt_tokens_details=details, completion_tokens_details=None)
+    elif details is not None:
+        use["prompt_tokens_details"] = details
+    return use
 
 
 def chat_choice(index: int, text: str, finish: str, logprobs: Any) -> dict[str, Any]:
     return {"index": index, "message": {"role": "assistant", "content": text, "refusal": None, "annotations": None,
-                                        "audio": None, "function_call": None, "tool_calls": [], "reasoning": None},
-            "logprobs": logprobs, "finish_reason": finish, "stop_reason": None, "token_ids": None}
+                                        "audio": None, "function_call": None, "reasoning": None},
+            "logprobs": logprobs, "finish_reason": finish, "stop_reason": None, "token_ids": None,
+            "routed_experts": None}
 
 
 def completion_choice(index: int, text: str, finish: str, logprobs: Any) -> dict[str, Any]:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": None,
-            "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None}
+            "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None, "routed_experts": None}
 
 
 def body(chat: bool, rid: str, created: int, model: str, choices: list[dict[str, Any]],
@@ -35,9 +43,11 @@ def body(chat: bool, rid: str, created: int, model: str, choices: list[dict[str,
     if chat:
         return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
                 "service_tier": None, "system_fingerprint": FINGERPRINT, "usage": use, "prompt_logprobs": None,
-                "prompt_token_ids": None, "kv_transfer_params": None}
+                "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None,
+                "ec_transfer_params": None, "metrics": None}
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
-            "service_tier": None, "system_fingerprint": FINGERPRINT, "usage": use, "kv_transfer_params": None}
+            "service_tier": None, "system_fingerprint": FINGERPRINT, "usage": use, "kv_transfer_params": None,
+            "ec_transfer_params": None, "metrics": None}
 
 
 def event(obj: dict[str, Any]) -> bytes:
@@ -48,23 +58,34 @@ DONE = b"data: [DONE]\n\n"
 
 
 def chunk(chat: bool, rid: str, created: int, model: str, index: int, text: str | None, finish: str | None = None,
-          logprobs: Any = None, role: bool = False) -> dict[str, Any]:
-    """One streamed choice delta. Chat's first chunk per choice carries the role and empty content."""
+          logprobs: Any = None, role: bool = False, last: bool = False) -> dict[str, Any]:
+    """One streamed choice delta, with the fields vLLM 0.32 sets on it. Chat's first chunk per choice carries
+    the role and empty content; `last`: a terminal chunk of a stream without a usage chunk, which vLLM
+    stamps with system_fingerprint."""
+    out: dict[str, Any]
     if chat:
-        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
-        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if role:
+            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}], "prompt_token_ids": None, "prompt_text": None}
+        choice: dict[str, Any] = {"index": index, "delta": {"content": text}, "logprobs": logprobs,
+                                  "finish_reason": finish}
         if finish is not None:
             choice["stop_reason"] = None
-        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
-    choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
-    if finish is not None:
-        choice["stop_reason"] = None
-    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+        choice["token_ids"] = None
+        out = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+    else:
+        out = {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [
+            {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish, "stop_reason": None,
+             "prompt_token_ids": None, "token_ids": None}]}
+    if last and finish is not None:
+        out["system_fingerprint"] = FINGERPRINT
+    return out
 
 
 def usage_chunk(chat: bool, rid: str, created: int, model: str, use: dict[str, Any]) -> dict[str, Any]:
     return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-            "model": model, "choices": [], "system_fingerprint": FINGERPRINT, "usage": use}
+            "model": model, "choices": [], "usage": use, "system_fingerprint": FINGERPRINT}
 
 
 def fast_parts(chat: bool, rid: str, created: int, model: str, index: int) -> tuple[bytes, bytes]:

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from oculis_sim import logprobs as lp
 from oculis_sim import openai_shapes as shapes
-from oculis_sim.api_request import ApiError, GenRequest, parse
+from oculis_sim.api_request import ApiError, GenRequest, json_error, parse
 from oculis_sim.config import Settings
 from oculis_sim.engine import EngineCore
 from oculis_sim.metrics import Finished, Metrics
@@ -49,13 +49,14 @@ def error_response(err: ApiError) -> web.Response:
 class Call:
     """One HTTP request: its client side and its n choices."""
 
-    __slots__ = ("arrival", "chat", "choices", "created", "gen", "id", "model", "resp", "seed", "transport")
+    __slots__ = ("arrival", "chat", "choices", "created", "gen", "id", "model", "resp", "roles_sent", "seed",
+                 "transport")
 
     def __init__(self, gen: GenRequest, model: str, resp: web.StreamResponse | None, arrival: float,
                  seed: tuple[int, ...]) -> None:
         self.gen = gen
         self.chat = gen.chat
-        self.id = ("chatcmpl-" if gen.chat else "cmpl-") + (gen.request_id or uuid.uuid4().hex)
+        self.id = ("chatcmpl-" if gen.chat else "cmpl-") + (gen.request_id or uuid.uuid4().hex[:16])
         self.created = int(time.time())
         self.model = model
         self.resp = resp
@@ -63,6 +64,13 @@ class Call:
         self.seed = seed
         self.transport: asyncio.Transport | None = None
         self.choices: list[Choice] = []
+        self.roles_sent = False
+
+    def roles(self) -> bytes:
+        """Chat streams open with a role chunk for every choice, at the first token of any (as vLLM)."""
+        self.roles_sent = True
+        return b"".join(shapes.event(shapes.chunk(True, self.id, self.created, self.model, ch.index, None, role=True))
+                        for ch in self.choices)
 
 
 class Choice:
@@ -212,10 +220,9 @@ class SimServer:
                     if first and call.gen.echo:
                         text = call.gen.prompt_text + text
                     data = shapes.event(shapes.chunk(call.chat, call.id, call.created, call.model, ch.index, text, fin,
-                                                     ch.logprobs(toks, mean)))
-                if first and call.chat:  # vLLM sends the role chunk with the first token, not before it
-                    data = shapes.event(shapes.chunk(True, call.id, call.created, call.model, ch.index, None,
-                                                     role=True)) + data
+                                                     ch.logprobs(toks, mean), last=not call.gen.include_usage))
+                if call.chat and not call.roles_sent:  # the role chunks go with the first token, not before it
+                    data = call.roles() + data
                 ch.pos += n
                 try:
                     await self._send(call, data)
@@ -280,9 +287,10 @@ class SimServer:
         arrival = asyncio.get_running_loop().time()
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error_response(ApiError(400, "1 validation error:\n  {'type': 'json_invalid', 'loc': 'body', "
-                                                "'msg': 'JSON decode error'}", "Bad Request", "body"))
+        except json.JSONDecodeError as exc:
+            return error_response(json_error(exc))
+        except UnicodeDecodeError:
+            return error_response(json_error(json.JSONDecodeError("invalid UTF-8", "", 0)))
         names = self.settings.served_names
         try:
             gen = parse(body, chat, names, self.settings.max_model_len, request.headers.get("X-Request-Id"))
@@ -322,21 +330,20 @@ class SimServer:
             await self._wait(call, request)
             for ch in call.choices:
                 if ch.req is None and gen.stream:  # stopped before the first word: role and finish reason
-                    await self._safe_write(call, (shapes.event(shapes.chunk(chat, call.id, call.created, call.model,
-                                                                            ch.index, None, role=True))
-                                                  if chat else b"")
+                    await self._safe_write(call, (call.roles() if chat and not call.roles_sent else b"")
                                            + shapes.event(shapes.chunk(chat, call.id, call.created, call.model,
-                                                                       ch.index, "", ch.finish_reason)))
+                                                                       ch.index, "", ch.finish_reason,
+                                                                       last=not gen.include_usage)))
         finally:
             self.in_flight -= 1
         generated = sum(ch.pos for ch in call.choices)
-        use = shapes.usage(gen.n_prompt, generated,
-                           min(ch.cached for ch in call.choices) if self.settings.prompt_tokens_details else None)
+        cached = min(ch.cached for ch in call.choices) if self.settings.prompt_tokens_details else None
         if gen.stream:
             assert resp is not None
             if gen.include_usage:
-                await self._safe_write(call, shapes.event(shapes.usage_chunk(chat, call.id, call.created, call.model,
-                                                                             use)))
+                await self._safe_write(call, shapes.event(shapes.usage_chunk(
+                    chat, call.id, call.created, call.model,
+                    shapes.usage(gen.n_prompt, generated, cached, streamed=True))))
             await self._safe_write(call, shapes.DONE)
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await resp.write_eof()
@@ -353,7 +360,8 @@ class SimServer:
             else:
                 prefix = gen.prompt_text if gen.echo else ""
                 choices.append(shapes.completion_choice(ch.index, prefix + text, ch.finish_reason, logprobs))
-        return web.json_response(shapes.body(chat, call.id, call.created, call.model, choices, use))
+        return web.json_response(shapes.body(chat, call.id, call.created, call.model, choices,
+                                             shapes.usage(gen.n_prompt, generated, cached)))
 
     async def _wait(self, call: Call, request: web.Request) -> None:
         """Until every choice is done; a client that leaves a non-streamed request aborts it (vLLM does)."""
