@@ -39,6 +39,11 @@ def add_flags(p: Any) -> None:
     p.add_argument("--prometheus-url", help="Prometheus base URL (default: OCULIS_PROMETHEUS_URL, else "
                    f"{DEFAULT_PROMETHEUS} if it answers)")
     p.add_argument("--baseline", help="benchmark baseline JSON to check (oculis bench run --save)")
+    p.add_argument("--suite", action="append", default=[], metavar="ROUTE=FILE",
+                   help="a labelled suite of ROUTE's traffic (oculis eval run's offline format, with `kind`): its "
+                   "routing quality per kind, WARN where the head is not better than random (repeatable)")
+    p.add_argument("--config", type=Path, help="oculis-config.yaml of the --suite routes (default: the cluster's "
+                   "InferenceRoutes in --namespace)")
     out.add_output_flag(p, with_csv=True)
 
 
@@ -194,6 +199,38 @@ def baseline_line(path: str | None) -> core.Check:
     return core.baseline_check(path, None)
 
 
+def routing_lines(args: argparse.Namespace) -> list[core.Check]:
+    """`--suite ROUTE=FILE`: each route's suite scored offline as `oculis eval run` scores it."""
+    lines: list[core.Check] = []
+    for spec in args.suite:
+        route_name, _, path = spec.partition("=")
+        if not route_name or not path:
+            lines += core.routing_checks(spec or "?", spec, None, "--suite takes ROUTE=FILE, e.g. chat=suite.jsonl")
+            continue
+        lines += core.routing_checks(route_name, path, *_suite_kinds(args, route_name, Path(path)))
+    return lines
+
+
+def _suite_kinds(args: argparse.Namespace, route_name: str, path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    from oculis import ConfigError
+    from oculis_cli.cost_sources import SourceError, load_catalog
+    from oculis_cli.eval_run import offline_results
+    from oculis_cli.inputs import InputError, read_text
+    from oculis_measure.eval import core as eval_core
+    from oculis_measure.eval import kinds
+
+    try:
+        route = load_catalog(args).config.route(route_name)
+        items, errors = eval_core.parse_suite(read_text(path, "--suite").splitlines(), offline=True)
+        results, more = offline_results(route, items, args.config)
+    except (SourceError, ConfigError, InputError) as exc:
+        return None, str(exc)
+    if errors or more or not results:
+        first = (errors + more)[:1] or ["no items to evaluate"]
+        return None, f"{len(errors + more)} bad lines ({first[0]}); check it with oculis eval run"
+    return kinds.report(eval_core.kind_items(results), route.tiers[0].name, route.tiers[-1].name), None
+
+
 def run(args: argparse.Namespace, stdout: TextIO | None = None, python: bool = True) -> int:
     """Every check; `python=False` leaves out the extras (deps.py has printed them as text already)."""
     stdout = stdout or sys.stdout
@@ -209,6 +246,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None, python: bool = T
     self_hosted = sum((u.get("spec") or {}).get("provider") == "vllm" for u in facts["upstreams"])
     checks += prometheus_lines(args, self_hosted)
     checks.append(baseline_line(args.baseline))
+    checks += routing_lines(args)
     if python or args.output != "table":
         checks += python_checks(set(args.require))
     rep = core.Report(checks)

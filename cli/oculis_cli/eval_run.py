@@ -98,6 +98,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     rep["baseline"] = {"tier": route.tiers[-1].name, "upstream": route.tiers[-1].upstream}
     rep["cascade"] = (core.oracle_cascade(route, upstreams, results, args.output_tokens) if offline
                       else core.online_cascade(route, upstreams, results))
+    if offline:  # the routing quality per kind needs each line's outcomes of the cheapest tier too
+        from oculis_measure.eval import kinds
+
+        rep["kinds"] = kinds.report(core.kind_items(results), route.tiers[0].name, route.tiers[-1].name)
     code = core.EXIT_CODES[rep["overall"]["verdict"]]
     emit(rep, args.output, stdout, "tiers", render)
     return code
@@ -119,7 +123,8 @@ def offline_results(route: Route, items: list[core.Item], config_path: Path | No
         try:
             c, d = scorer.score(item.payload)
             results.append(core.offline_result(item, d.tier.name, d.tier.upstream, d.escalated, strongest,
-                                               route.tiers[-1].name, d.index, c.prompt_tokens, pairs))
+                                               route.tiers[-1].name, d.index, c.prompt_tokens, pairs,
+                                               c.complexity))
         except core.SuiteLineError as exc:
             errors.append(str(exc))
         except (ValueError, TypeError) as exc:
@@ -187,6 +192,8 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
     if rep["skipped_lines"]:
         out.line(f"skipped {rep['skipped_lines']} bad suite lines", stdout)
     out.line(f"verdict {o['verdict']}: {o['reason']}", stdout)
+    if rep.get("kinds"):
+        render_kinds(rep["kinds"], stdout)
     casc = rep.get("cascade")
     if casc is not None:
         stdout.write(out.cascade_text(casc))
@@ -200,3 +207,16 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
 
 def _f(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
+
+
+def render_kinds(k: dict[str, Any], stdout: TextIO) -> None:
+    """The routing quality per kind of traffic, and its verdict (WARN naming each kind the head is not
+    shown to route better than random)."""
+    cols = ["kind", "n", "weak acc", "strong acc", "APGR", "95% CI", "CPT(50%)", "verdict"]
+    rows = [[r["kind"], r["scored"], _f(r["weak_accuracy"]), _f(r["strong_accuracy"]), _f(r["apgr"]),
+             f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ci"] else "-", _f(r["cpt50"]), r["verdict"]]
+            for r in k["rows"]]
+    out.line(f"routing quality per kind: {k['weak_tier']} (cheapest) vs {k['strong_tier']} (strongest); "
+             "random routing: APGR 0.500, CPT(50%) 0.500", stdout)
+    out.table(None, cols, rows, stdout, right=cols[1:7])
+    out.line(f"routing {k['verdict']}: {k['reason']}", stdout)

@@ -252,9 +252,28 @@ def apgr(score: FloatArray, weak: FloatArray, strong: FloatArray, seed: int = 0)
     gap = float(strong.mean() - weak.mean())
     if n == 0 or gap == 0:
         return float("nan")
+    x, pgr = pgr_curve(score, weak, strong, seed)
+    return float(np.trapezoid(pgr, x))
+
+
+def pgr_curve(score: FloatArray, weak: FloatArray, strong: FloatArray, seed: int = 0) -> tuple[FloatArray, FloatArray]:
+    """(share of strong calls, share of the weak-to-strong gap recovered) at every cut of the prompts
+    sorted by descending score (ties at random, seeded). Needs a non-zero gap."""
+    n = len(score)
+    gap = float(strong.mean() - weak.mean())
     order = np.lexsort((np.random.default_rng(seed).random(n), -score))
     gain = np.concatenate([[0.0], np.cumsum((strong - weak)[order])]) / n
-    return float(np.trapezoid(gain / gap, np.arange(n + 1) / n))
+    return np.arange(n + 1) / n, gain / gap
+
+
+def cpt(score: FloatArray, weak: FloatArray, strong: FloatArray, target: float = 0.5, seed: int = 0) -> float:
+    """CPT(target): the smallest share of strong calls that recovers `target` of the quality gap (random
+    routing: about `target`); NaN when both models are equally good."""
+    if len(score) == 0 or float(strong.mean() - weak.mean()) == 0:
+        return float("nan")
+    x, pgr = pgr_curve(score, weak, strong, seed)
+    hit = np.nonzero(pgr >= target - 1e-12)[0]
+    return float(x[hit[0]]) if len(hit) else 1.0
 
 
 def bootstrap(scores: dict[str, FloatArray], weak: FloatArray, strong: FloatArray, n_boot: int = 300,

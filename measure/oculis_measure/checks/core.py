@@ -147,6 +147,27 @@ def baseline_check(path: str | None, error: str | None) -> Check:
     return Check("bench", "benchmark baseline", PASS, path)
 
 
+def routing_checks(route: str, suite: str, kinds: dict[str, Any] | None, error: str | None) -> list[Check]:
+    """`--suite ROUTE=FILE`: the route's routing quality per kind of the suite (eval/kinds.py's report),
+    one line per kind; a kind the head is not shown to route better than random is a WARN naming it."""
+    name = f"route {route} routes better than random"
+    if error is not None or kinds is None:
+        return [Check("routing", name, FAIL, f"{suite}: {error}",
+                      "fix the suite (oculis eval run's offline format: prompt|messages, outcomes, kind)")]
+    out = []
+    for row in kinds["rows"]:
+        if row["kind"] == "all" and len(kinds["rows"]) > 1:
+            continue
+        figures = (f"APGR {row['apgr']:.3f} [{row['ci'][0]:.3f}, {row['ci'][1]:.3f}], CPT(50%) {row['cpt50']:.3f}, "
+                   f"n={row['scored']}: " if row["apgr"] is not None and row["ci"] else f"n={row['scored']}: ")
+        status = {"OK": PASS, "WARN": WARN}.get(row["verdict"], SKIP)
+        fix = "" if status != WARN else ("oculis classifier fit --suite FILE ... (your labelled outcomes), or "
+                                         "escalation.on_answer on the route")
+        out.append(Check("routing", f"{name} on {row['kind']}", status, f"{figures}{row['reason']} ({suite})", fix,
+                         required=False))
+    return out
+
+
 @dataclass(frozen=True)
 class SpecFacts:
     upstream: str

@@ -18,11 +18,14 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oculis import Route
 from oculis.router import Upstream
 from oculis_measure.route import cascade
+
+if TYPE_CHECKING:
+    from oculis_measure.eval.kinds import Scored
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 EXIT_CODES = {PASS: 0, FAIL: 3, INCONCLUSIVE: 4}
@@ -42,6 +45,7 @@ class Item:
     expected: str | None  # online: the answer to match
     match: str  # exact | regex | json_field
     field: str | None  # json_field: dotted path into the answer's JSON
+    kind: str | None = None  # the kind of traffic (e.g. chat, mmlu): routing quality is reported per kind
 
 
 def parse_line(lineno: int, line: str, offline: bool) -> Item:
@@ -62,13 +66,18 @@ def parse_line(lineno: int, line: str, offline: bool) -> Item:
     else:
         raise SuiteLineError(f"line {lineno}: needs \"prompt\" (a non-empty string) or \"messages\" (a non-empty "
                              "list of {role, content})")
+    kind = raw.get("kind")
+    if kind is not None and (not isinstance(kind, str) or not kind.strip() or len(kind) > 64):
+        raise SuiteLineError(f"line {lineno}: kind must be a short non-empty string naming the kind of traffic "
+                             "(e.g. \"chat\", \"mmlu\"), at most 64 characters; or leave it out")
+    kind = kind.strip() if isinstance(kind, str) else None
     outcomes = raw.get("outcomes")
     if offline:
         if not isinstance(outcomes, dict) or not outcomes or not all(
                 isinstance(k, str) and isinstance(v, bool) for k, v in outcomes.items()):
             raise SuiteLineError(f"line {lineno}: offline mode needs \"outcomes\": {{\"<upstream>\": true|false, "
                                  "...}; add it or run online with --url")
-        return Item(lineno, payload, dict(outcomes), None, "exact", None)
+        return Item(lineno, payload, dict(outcomes), None, "exact", None, kind)
     expected = raw.get("expected")
     if not isinstance(expected, str | int | float) or isinstance(expected, bool):
         raise SuiteLineError(f"line {lineno}: online mode needs \"expected\" (the answer: a string or number)")
@@ -84,7 +93,7 @@ def parse_line(lineno: int, line: str, offline: bool) -> Item:
         except re.error as exc:
             raise SuiteLineError(f"line {lineno}: expected is not a valid regex ({exc}); escape it or use "
                                  "exact") from None
-    return Item(lineno, payload, None, str(expected), match, field if isinstance(field, str) else None)
+    return Item(lineno, payload, None, str(expected), match, field if isinstance(field, str) else None, kind)
 
 
 def parse_suite(lines: Iterable[str], offline: bool) -> tuple[list[Item], list[str]]:
@@ -138,6 +147,8 @@ class Result:
     outcomes: tuple[bool | None, ...] = ()
     answer_escalated: bool = False
     replaced: tuple[str, ...] = ()  # online: the tiers whose answers were replaced, in order (x-oculis-replaced-tiers)
+    kind: str | None = None  # the suite line's kind of traffic
+    complexity: float | None = None  # the route classifier's score of the prompt (offline)
 
 
 def tier_outcomes(item: Item, tiers: Sequence[tuple[str, str]]) -> tuple[bool | None, ...]:
@@ -148,10 +159,11 @@ def tier_outcomes(item: Item, tiers: Sequence[tuple[str, str]]) -> tuple[bool | 
 
 def offline_result(item: Item, tier: str, upstream: str, escalated: bool, strongest_upstream: str,
                    strongest_tier: str = "", index: int = -1, prompt_tokens: int = 0,
-                   tiers: Sequence[tuple[str, str]] = ()) -> Result:
+                   tiers: Sequence[tuple[str, str]] = (), complexity: float | None = None) -> Result:
     """The routed tier's and the strongest tier's outcome from the suite line itself, keyed by upstream
     (as ../shared/data/routing is, per model) or else by tier name. `tiers`: the route's (name,
-    upstream) pairs, for every tier's outcome (the oracle cascade)."""
+    upstream) pairs, for every tier's outcome (the oracle cascade); `complexity`: the classifier's score
+    (for the per-kind routing quality)."""
     outcomes = item.outcomes or {}
     found = []
     wanted = ((upstream, tier, f"tier {tier}"), (strongest_upstream, strongest_tier, "the strongest tier"))
@@ -161,7 +173,8 @@ def offline_result(item: Item, tier: str, upstream: str, escalated: bool, strong
             raise SuiteLineError(f"line {item.lineno}: outcomes has no entry for upstream {up} ({role}); add "
                                  f"\"{up}\": true|false")
         found.append(outcomes[key])
-    return Result(tier, escalated, found[0], found[1], index, prompt_tokens, None, tier_outcomes(item, tiers))
+    return Result(tier, escalated, found[0], found[1], index, prompt_tokens, None, tier_outcomes(item, tiers),
+                  kind=item.kind, complexity=complexity)
 
 
 @dataclass(frozen=True)
@@ -344,3 +357,12 @@ def online_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Seq
                           "estimated from the answers' usage, not measured: the router's answer carries its own "
                           "usage, not the grading's (that is in oculis_prompt_tokens_total of the verifier upstream, "
                           "shared with whatever else it serves)")
+
+
+def kind_items(results: Sequence[Result]) -> list[Scored]:
+    """Offline results as the per-kind routing-quality inputs (eval/kinds.py): the complexity, the
+    cheapest tier's outcome from the line and the strongest tier's."""
+    from oculis_measure.eval import kinds  # numpy: only when a report is made
+
+    return [kinds.Scored(r.kind, r.complexity, r.outcomes[0] if r.outcomes else None, r.baseline_correct)
+            for r in results if r.complexity is not None]
