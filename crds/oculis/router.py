@@ -83,6 +83,30 @@ class CanaryRevision(Model):
                          "(each request is drawn at random; a failed canary attempt is retried on the stable one)")
 
 
+# How the router picks the replica of a self-hosted upstream (oculis_router.picking, one name each).
+PickerName = Literal["random", "round-robin", "least-loaded", "prefix", "kv-events"]
+# The default: what bench/endpoint_picking.py shows best where there is something to win (shared
+# prefixes under KV pressure) and within a few % of the best where there is not.
+DEFAULT_PICKER: PickerName = "prefix"
+EXTERNAL_PROVIDERS = ("openai", "anthropic")
+# The ZMQ port of an engine pod's KV-event publisher: the operator renders `--kv-events-config` with it and
+# the router (kv-events picker) subscribes to it on each Ready pod.
+KV_EVENTS_PORT = 5557
+
+
+class Endpoint(Model):
+    """One replica of an upstream outside Kubernetes: its base URL, and where it publishes KV events."""
+
+    url: str = Field(min_length=1, description="Base URL of this replica (e.g. http://10.0.0.7:8000/v1)")
+    kv_events: str | None = Field(None, min_length=1, description="Its vLLM KV-event ZMQ publisher "
+                                  "(--kv-events-config endpoint as seen from the router, e.g. tcp://10.0.0.7:5557)")
+
+
+def _http_url(value: str) -> bool:
+    head, sep, rest = value.partition("://")
+    return bool(sep) and head.lower() in ("http", "https") and bool(rest.split("/", 1)[0])
+
+
 class Upstream(Model):
     """A model the router can call."""
 
@@ -112,11 +136,44 @@ class Upstream(Model):
                                  "counted, which wakes it)")
     canary: CanaryRevision | None = None
     """A canary revision taking `percent` of this upstream's requests (x-oculis-revision says which answered)"""
+    endpoints: list[str | Endpoint] | None = Field(None, min_length=1, description="Replicas of this one "
+                                                   "model outside Kubernetes (base URLs, or {url, kv_events}): "
+                                                   "the router picks one per request (picker); in a cluster it "
+                                                   "finds the Ready pods itself")
+    picker: PickerName | None = Field(None, description="How a replica is picked per request: random, round-robin, "
+                                      f"least-loaded, prefix or kv-events (default {DEFAULT_PICKER}); "
+                                      "self-hosted upstreams only")
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _endpoint_urls(cls, value: Any) -> Any:
+        # One line naming the entry: pydantic's own error for a str | Endpoint union is two paragraphs.
+        for i, e in enumerate(value if isinstance(value, list) else []):
+            url = e.get("url") if isinstance(e, dict) else e
+            if isinstance(url, str) and not _http_url(url):
+                raise ValueError(f"endpoints[{i}]: {url!r} is not an http(s) URL; give the replica's base URL, "
+                                 "e.g. http://10.0.0.7:8000/v1")
+        return value
+
+    @property
+    def replica_endpoints(self) -> list[Endpoint]:
+        return [e if isinstance(e, Endpoint) else Endpoint(url=e) for e in self.endpoints or []]
+
+    @property
+    def picker_name(self) -> PickerName:
+        return self.picker or DEFAULT_PICKER
 
     @model_validator(mode="after")
     def _reachable(self) -> Upstream:
-        if self.provider in ("vllm", "openai-compatible") and not self.base_url:
-            raise ValueError(f"upstream {self.name!r}: provider {self.provider} needs base_url (e.g. http://host:8000/v1)")
+        if self.picker is not None and self.provider in EXTERNAL_PROVIDERS:
+            raise ValueError(f"upstream {self.name!r}: picker applies to self-hosted replicas; provider "
+                             f"{self.provider} has none to pick from, remove picker")
+        if self.endpoints and self.provider in EXTERNAL_PROVIDERS:
+            raise ValueError(f"upstream {self.name!r}: endpoints list replicas of a self-hosted model; provider "
+                             f"{self.provider} has none, remove endpoints")
+        if self.provider in ("vllm", "openai-compatible") and not (self.base_url or self.endpoints):
+            raise ValueError(f"upstream {self.name!r}: provider {self.provider} needs base_url (e.g. "
+                             "http://host:8000/v1) or endpoints")
         if self.timeout_seconds is not None and self.timeouts and self.timeouts.first_byte_seconds is not None:
             raise ValueError(f"upstream {self.name!r}: timeout_seconds ({self.timeout_seconds:g}) is the deprecated "
                              "name of timeouts.first_byte_seconds; remove timeout_seconds")
@@ -124,7 +181,9 @@ class Upstream(Model):
 
     @property
     def url(self) -> str:
-        return (self.base_url or PROVIDER_URLS.get(self.provider, "")).rstrip("/")
+        """Where a call goes when no replica is picked (with `endpoints` and no base_url: the first one)."""
+        first = self.replica_endpoints[0].url if self.endpoints else None
+        return (self.base_url or first or PROVIDER_URLS.get(self.provider, "")).rstrip("/")
 
 
 class TierMatch(Model):

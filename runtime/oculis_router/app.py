@@ -23,16 +23,21 @@ from starlette.routing import Route as HTTPRoute
 
 from oculis import RouterConfig
 from oculis_router import cache as rcache
+from oculis_router import replicas
 from oculis_router.call import Calls
 from oculis_router.decisionlog import DecisionSink
 from oculis_router.decisionlog import entry as decision_entry
+from oculis_router.endpoints import EndpointResolver
 from oculis_router.errors import APIError
 from oculis_router.inbound import HeaderLimit, check_body, check_client_key, disconnected, read_body, tenant_of
+from oculis_router.kvsub import Subscriptions
 from oculis_router.limits import identity_of
 from oculis_router.metrics import Metrics
+from oculis_router.pick import Fleet
 from oculis_router.plan import Plan, chains, cold_start, plan_request
 from oculis_router.plan import headers as plan_headers
 from oculis_router.relay import SSE_HEADERS, held, replay
+from oculis_router.slices import slice_watch
 from oculis_router.state import ConfigHolder, Runtime, describe
 from oculis_router.upstreams import Caller
 
@@ -217,21 +222,32 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
                                  "config": holder.current.digest[:12], **pending}, status_code=503)
         return JSONResponse({"status": "ready", "config": holder.current.digest[:12], **pending})
 
+    fleet = Fleet(metrics)  # the replicas of self-hosted upstreams, and their pickers (pick.py)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        resolver: EndpointResolver | None = None
         if endpoints is None:
             connector = aiohttp.TCPConnector(limit=2000, limit_per_host=1000, keepalive_timeout=60)
         else:  # no DNS cache: each new connection asks the map, which follows pods as they come and go
-            from oculis_router.endpoints import EndpointResolver
-
+            resolver = EndpointResolver(endpoints)
             connector = aiohttp.TCPConnector(limit=2000, limit_per_host=1000, keepalive_timeout=60,
-                                             resolver=EndpointResolver(endpoints), use_dns_cache=False)
+                                             resolver=resolver, use_dns_cache=False)
         http = aiohttp.ClientSession(connector=connector, trust_env=False)
-        router.calls.caller = Caller(http, max_retries=max_retries, backoff=backoff)
+        router.calls.caller = Caller(http, max_retries=max_retries, backoff=backoff, fleet=fleet)
+        slices = slice_watch(http)  # in a cluster: the Services' EndpointSlices; else None
+        subs = Subscriptions(fleet, metrics)
+        fleet.sync(replicas.found(holder.current.config, resolver, slices))  # the first requests pick too
+        tasks = [asyncio.create_task(t) for t in (
+            replicas.keep_synced(fleet, lambda: holder.current.config, resolver, slices, subs.sync),
+            replicas.keep_scraping(fleet, http), *([slices.run()] if slices is not None else []))]
         watcher = asyncio.create_task(holder.watch(reload_interval)) if config_path else None
         yield
         if watcher:
             watcher.cancel()
+        for task in tasks:
+            task.cancel()
+        subs.close()
         await http.close()
         await holder.close()
 

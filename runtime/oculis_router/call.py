@@ -23,7 +23,7 @@ from oculis_router.plan import Plan, cache_state
 from oculis_router.plan import headers as plan_headers
 from oculis_router.providers import relayed_headers
 from oculis_router.relay import SSE_HEADERS, account, estimate_of, estimated_usage, relay, replay
-from oculis_router.upstreams import REVISION_HEADER, Attempt, Caller, UpstreamFailed, UpstreamRejected
+from oculis_router.upstreams import REPLICA_HEADER, REVISION_HEADER, Attempt, Caller, UpstreamFailed, UpstreamRejected
 
 log = logging.getLogger("oculis.router")
 
@@ -227,7 +227,8 @@ class Calls:
             gen = relay(self.metrics, resp, translator, up, t0, route_label, plan.tier_names[i], store, key, endpoint,
                         hold, rcache.stream_wants_usage(body),
                         lambda text: estimated_usage(body, plan.prompt_tokens, text))
+            replica = {REPLICA_HEADER: resp.replica} if resp.replica else {}
             return StreamingResponse(gen, media_type="text/event-stream", headers={
                 **relayed_headers(resp.headers), **plan_headers(plan, i, cache_state(key)),
-                REVISION_HEADER: resp.revision, **SSE_HEADERS})
+                REVISION_HEADER: resp.revision, **replica, **SSE_HEADERS})
         raise APIError(502, "no tier could answer", type_="upstream_error", code="upstream_failed")

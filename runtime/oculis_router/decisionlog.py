@@ -23,7 +23,8 @@ from oculis.router import DecisionLog
 log = logging.getLogger("oculis.router")
 HEADERS = {"tier": "x-oculis-tier", "upstream": "x-oculis-upstream", "cache": "x-oculis-cache",
            "escalation_reason": "x-oculis-escalation-reason", "request_id": "x-request-id",
-           "revision": "x-oculis-revision"}  # stable or canary: an engine change's canary, per request
+           "revision": "x-oculis-revision",  # stable or canary: an engine change's canary, per request
+           "replica": "x-oculis-replica"}  # the replica (pod) the router picked, when it picked one
 
 
 def prompt_of(body: Mapping[str, Any]) -> dict[str, Any]:

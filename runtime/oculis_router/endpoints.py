@@ -8,7 +8,9 @@ ports serving it now; it is re-read whenever it changes, so a rolling update mov
 pods without a restart. An override only ever yields 127.0.0.1: pod and Service IPs are never dialled.
 Hosts the file does not name resolve as usual.
 
-File (JSON or YAML): `{HOST: {ports: [PORT, ...], ...}}`; other keys (upstream, namespace) are notes.
+File (JSON or YAML): `{HOST: {ports: [PORT, ...], pods: [{pod: NAME, port: PORT}, ...]}}`; other keys
+(upstream, namespace) are notes. `pods` names each port's pod: the router's replica picker (pick.py)
+then sees each pod as its own replica (without it, each port is one, named HOST:PORT).
 """
 
 from __future__ import annotations
@@ -54,6 +56,28 @@ def parse_endpoints(text: str, source: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
+Pod = tuple[str, int, str | None]  # name, loopback port, its KV-event publisher (tcp://127.0.0.1:PORT) if any
+
+
+def pods_of(text: str, ports: dict[str, tuple[int, ...]]) -> dict[str, list[Pod]]:
+    """host -> [(pod, port, kv_events)] of a map `parse_endpoints` accepted: its `pods` entries naming
+    one of the host's ports, else each port as HOST:PORT."""
+    try:  # read again: a rewrite in between is another valid map (written atomically), or nothing
+        doc: Any = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        doc = {}
+    entries = {str(h).lower().rstrip("."): e for h, e in doc.items()} if isinstance(doc, dict) else {}
+    out: dict[str, list[Pod]] = {}
+    for key, served in ports.items():
+        entry = entries.get(key)
+        listed = entry.get("pods") if isinstance(entry, dict) else None
+        named: list[Pod] = [(str(p["pod"]), p["port"], p["kv_events"] if isinstance(p.get("kv_events"), str) else None)
+                            for p in listed if isinstance(p, dict) and p.get("pod") and p.get("port") in served] \
+            if isinstance(listed, list) else []
+        out[key] = named if {n[1] for n in named} == set(served) else [(f"{key}:{p}", p, None) for p in served]
+    return out
+
+
 def load_endpoints(path: Path) -> dict[str, tuple[int, ...]]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -77,6 +101,8 @@ class EndpointResolver(AbstractResolver):
         self.fallback = fallback or DefaultResolver()
         self._stamp: tuple[int, int] | None = None
         self._table: dict[str, tuple[int, ...]] = load_endpoints(path)  # a bad file fails at start
+        self._pods: dict[str, list[Pod]]
+        self._pods = pods_of(path.read_text(encoding="utf-8"), self._table)
         self._stamp = self._stat()
         self._rejected: str | None = None
         self._turn = itertools.count()
@@ -93,13 +119,19 @@ class EndpointResolver(AbstractResolver):
         stamp = self._stat()
         if stamp is not None and stamp != self._stamp:
             try:
-                self._table = load_endpoints(self.path)
-                self._stamp, self._rejected = stamp, None
+                table = load_endpoints(self.path)
+                self._pods = pods_of(self.path.read_text(encoding="utf-8"), table)
+                self._table, self._stamp, self._rejected = table, stamp, None
             except EndpointsError as exc:
                 if str(exc) != self._rejected:
                     log.error("endpoint map not applied, keeping the previous one: %s", exc)
                 self._rejected = str(exc)
         return self._table
+
+    def pods(self, host: str) -> list[Pod] | None:
+        """The (pod, loopback port, kv_events) serving `host` now; None when the map does not name it."""
+        self.table()
+        return self._pods.get(host.lower().rstrip("."))
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:

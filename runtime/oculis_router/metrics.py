@@ -78,3 +78,20 @@ class Metrics:
         self.revision_requests = Counter("oculis_upstream_revision_requests", "Upstream calls answered, by the "
                                          "revision that answered (canary or stable)", ["upstream", "revision"],
                                          registry=r)
+        # Replica picking (pick.py): which replica of a self-hosted upstream took each call, and why.
+        self.picks = Counter("oculis_picks", "Replica picks by upstream, strategy and reason (prefix: the longest "
+                             "cached prefix won; load: load decided; fallback: kv-events scored a silent replica "
+                             "from the router's own memory; random, round-robin)", ["upstream", "strategy", "reason"],
+                             registry=r)
+        self.replica_in_flight = Gauge("oculis_replica_in_flight", "Calls this router has in flight per replica",
+                                       ["upstream", "replica"], registry=r)
+        self.replica_failures = Counter("oculis_replica_failures", "Calls a replica failed (refused, reset, 5xx, "
+                                        "timed out): it is then set aside briefly", ["upstream", "replica"], registry=r)
+        # Estimated prefix hit share = cached / prompt: the prompt tokens the picker believed the chosen
+        # replica already held (its prefix memory, or the engines' KV events).
+        self.pick_prompt_tokens = Counter("oculis_pick_prompt_tokens", "Prompt tokens of picked calls (router "
+                                          "estimate)", ["upstream"], registry=r)
+        self.pick_cached_tokens = Counter("oculis_pick_cached_prompt_tokens", "Prompt tokens the picker estimated "
+                                          "cached on the chosen replica", ["upstream"], registry=r)
+        self.kv_event_batches = Counter("oculis_kv_event_batches", "KV-event batches received per upstream and "
+                                        "outcome (applied, malformed)", ["upstream", "outcome"], registry=r)

@@ -42,6 +42,7 @@ from oculis import Timeouts, Upstream
 from oculis.router import DEFAULT_CONNECT_SECONDS, DEFAULT_FIRST_BYTE_SECONDS, DEFAULT_IDLE_SECONDS
 from oculis_router import strictjson
 from oculis_router.errors import APIError
+from oculis_router.pick import Fleet, Lease
 from oculis_router.providers import anthropic, openai_compat, relayed_headers
 
 log = logging.getLogger("oculis.router")
@@ -61,6 +62,7 @@ CONTEXT_LENGTH_MARKERS = ("maximum context length", "maximum model length", "con
 
 Revision = Literal["canary", "stable"]
 REVISION_HEADER = "x-oculis-revision"
+REPLICA_HEADER = "x-oculis-replica"  # the replica that answered (a pod's name), when the router picked one
 
 
 def revision(up: Upstream, draw: float) -> Revision:
@@ -82,21 +84,46 @@ Request = tuple[str, dict[str, str], dict[str, Any]]  # url, headers, payload (a
 
 class Revisions:
     """The attempts of one call to `up`: the first goes to the revision the draw picked, every retry to
-    stable; each revision's request is built once. `extra`: attempts on top of the retry budget (a
-    canary's failed attempt is retried on stable)."""
+    stable. Within the revision a replica is picked per attempt (pick.py), a different one each time
+    while one is left; without replicas each revision's request is built once. `extra`: attempts on
+    top of the retry budget (a canary's failed attempt is retried on stable; a failed replica's on
+    another replica of the same upstream, before the tier escalates)."""
 
-    def __init__(self, up: Upstream, endpoint: str, body: dict[str, Any], draw: float) -> None:
-        prov = provider_of(up)
+    def __init__(self, up: Upstream, endpoint: str, body: dict[str, Any], draw: float,
+                 fleet: Fleet | None = None) -> None:
+        self.up, self.endpoint, self.body, self.fleet = up, endpoint, body, fleet
+        self.prov = provider_of(up)
         self.first: Revision = revision(up, draw)
-        self._calls: dict[Revision, Request] = {rev: prov.build_request(at_revision(up, rev), endpoint, body)
-                                                for rev in dict.fromkeys((self.first, "stable"))}
+        pool = fleet.pool(up) if fleet is not None else None
+        self.pooled = {rev for rev in (self.first, "stable") if pool is not None and pool.members(rev)}
+        self._calls: dict[Revision, Request] = {rev: self.prov.build_request(at_revision(up, rev), endpoint, body)
+                                                for rev in dict.fromkeys((self.first, "stable"))
+                                                if rev not in self.pooled}
         self._tried = 0
-        self.extra = int(self.first == "canary")
+        self.tried: set[str] = set()  # replicas this call has tried
+        self.extra = int(self.first == "canary") + int(pool is not None and len(pool.members("stable")) > 1)
 
-    def next(self) -> tuple[Revision, Request]:
+    def next(self) -> tuple[Revision, Request, Lease | None]:
         rev: Revision = "stable" if self._tried else self.first
         self._tried += 1
-        return rev, self._calls[rev]
+        lease = None
+        if rev in self.pooled and self.fleet is not None:
+            lease = self.fleet.lease(self.up, self.body, self.endpoint, rev, self.tried)
+        if lease is None:
+            if rev not in self._calls:  # every replica left since the call began: the base URL, as before
+                self._calls[rev] = self.prov.build_request(at_revision(self.up, rev), self.endpoint, self.body)
+            return rev, self._calls[rev], None
+        self.tried.add(lease.replica.id)
+        at = at_revision(self.up, rev).model_copy(update={"base_url": lease.url})
+        return rev, self.prov.build_request(at, self.endpoint, self.body), lease
+
+
+def replica_fault(exc: BaseException) -> bool:
+    """Whether a failed attempt says something about the replica (set it aside) rather than the request
+    or the router's credential: a refused or reset connection, a timeout, a 5xx, a broken answer."""
+    if isinstance(exc, Retryable):
+        return True
+    return isinstance(exc, UpstreamFailed) and not (exc.verdict.credential or exc.verdict.context_length)
 
 
 @dataclass(frozen=True)
@@ -281,10 +308,17 @@ class Stream:
     than the idle timeout raises IdleTimeout (a TimeoutError) instead of hanging forever."""
 
     def __init__(self, resp: aiohttp.ClientResponse, first: bytes, idle: float,
-                 revision: Revision = "stable") -> None:
+                 revision: Revision = "stable", lease: Lease | None = None) -> None:
         self.resp, self._first, self.idle = resp, first, idle
         self.headers = resp.headers
         self.revision = revision  # which revision of the upstream answers
+        self.lease = lease  # the replica's, held (counted in flight) until the stream ends
+        if lease is not None:
+            lease.first_token()
+
+    @property
+    def replica(self) -> str | None:
+        return self.lease.replica.id if self.lease is not None else None
 
     def __aiter__(self) -> Stream:
         return self
@@ -307,9 +341,13 @@ class Stream:
 
     def close(self) -> None:
         self.resp.close()
+        if self.lease is not None:
+            self.lease.release()
 
     def release(self) -> None:
         self.resp.release()
+        if self.lease is not None:
+            self.lease.release()
 
 
 NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -320,8 +358,9 @@ T = TypeVar("T")
 
 class Caller:
     def __init__(self, http: aiohttp.ClientSession, max_retries: int = 2, backoff: float = 0.05,
-                 draw: Callable[[], float] = random.random) -> None:
+                 draw: Callable[[], float] = random.random, fleet: Fleet | None = None) -> None:
         self.http = http
+        self.fleet = fleet  # the replicas of self-hosted upstreams (pick.py); None: every call to its base_url
         self.draw = draw  # the canary draw (`revision`); tests pass a fixed sequence
         self.max_retries = max_retries  # for requests that name an upstream (no route, no escalation block)
         self.backoff = backoff
@@ -393,11 +432,25 @@ class Caller:
         if why := missing_key(up):
             raise UpstreamFailed(why)
         prov = provider_of(up)
-        revs = Revisions(up, endpoint, body, self.draw())
+        revs = Revisions(up, endpoint, body, self.draw(), self.fleet)
         lim = limits(up, at.timeouts)
 
         async def once() -> dict[str, Any]:
-            rev, (url, headers, payload) = revs.next()
+            rev, request, lease = revs.next()
+            try:
+                data = await attempt(rev, request)
+            except BaseException as exc:
+                if lease is not None:
+                    lease.failed() if replica_fault(exc) else lease.release()
+                raise
+            if lease is not None:
+                lease.release()
+                if headers_out is not None:
+                    headers_out[REPLICA_HEADER] = lease.replica.id
+            return data
+
+        async def attempt(rev: Revision, request: Request) -> dict[str, Any]:
+            url, headers, payload = request
             try:
                 first_byte = asyncio.timeout(lim.first_byte)
                 try:
@@ -453,11 +506,20 @@ class Caller:
         at = at or Attempt()
         if why := missing_key(up):
             raise UpstreamFailed(why)
-        revs = Revisions(up, endpoint, body, self.draw())
+        revs = Revisions(up, endpoint, body, self.draw(), self.fleet)
         lim = limits(up, at.timeouts)
 
         async def once() -> tuple[Stream, Any]:
-            rev, (url, headers, payload) = revs.next()
+            rev, request, lease = revs.next()
+            try:
+                return await attempt(rev, request, lease)
+            except BaseException as exc:
+                if lease is not None:
+                    lease.failed() if replica_fault(exc) else lease.release()
+                raise
+
+        async def attempt(rev: Revision, request: Request, lease: Lease | None) -> tuple[Stream, Any]:
+            url, headers, payload = request
             resp: aiohttp.ClientResponse | None = None
             first_byte = asyncio.timeout(lim.first_byte)
             try:
@@ -483,6 +545,6 @@ class Caller:
                 resp.release()
                 raise Retryable(Verdict("retry", "the upstream ended the stream before sending anything"))
             translator = anthropic.StreamTranslator() if up.provider == "anthropic" else None
-            return Stream(resp, first, lim.idle, rev), translator
+            return Stream(resp, first, lim.idle, rev, lease), translator
 
         return await self._with_retries(up, once, at, extra=revs.extra)

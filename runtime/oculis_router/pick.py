@@ -1,0 +1,228 @@
+"""Step 2 of the request path (plan -> pick -> call -> relay): which replica of the tier's upstream
+serves this call. The choice itself is the pure picker core (`oculis_router.picking`); this module is
+its shell: it keeps each upstream's replicas per revision (stable, canary) with what the router knows
+of them, leases one per attempt and learns from the outcome.
+
+- Replicas come from `replicas.py` (the config's `endpoints`, the sandbox endpoint map, or the
+  Kubernetes EndpointSlices of the upstream's Service). A replica that leaves the set is drained: no
+  new requests, its in-flight ones finish, and it is forgotten once they have.
+- Load: the router's own in-flight count per replica (and the tokens those requests hold and still
+  have to prefill), plus the engine's gauges scraped from its /metrics (`scrape.py`).
+- A replica that refuses the connection, resets it or answers 5xx is set aside for `ASIDE_S`: the
+  next attempt of the same call (and other calls meanwhile) goes to another replica. With every
+  replica set aside the picker still picks among them: a request is never refused for it.
+- An upstream with no replica source (a hosted provider, a plain base_url) is called at its
+  base_url as before: its Service spreads connections.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from oculis import Upstream
+from oculis_router.metrics import Metrics
+from oculis_router.picking import (
+    DEFAULT_BLOCK_SIZE,
+    Pick,
+    Picker,
+    PickRequest,
+    ReplicaState,
+    approx_token_ids,
+    block_hashes,
+    chat_parts,
+)
+
+log = logging.getLogger("oculis.router")
+ASIDE_S = 5.0  # how long a replica that failed a call gets no new requests (unless no other is left)
+DEFAULT_OUTPUT_TOKENS = 256  # expected output of a request without max_tokens, until the router has seen some
+
+
+@dataclass
+class Replica:
+    """One replica of one revision of an upstream: what the router knows of it."""
+
+    id: str  # the pod's name (Kubernetes, endpoint map) or the endpoint's URL (config)
+    url: str  # its base URL (…/v1), dialled directly
+    revision: str = "stable"
+    kv_events: str | None = None  # its KV-event publisher (ZMQ), if it has one
+    in_flight: int = 0
+    in_flight_tokens: int = 0
+    queued_tokens: int = 0
+    gauges: dict[str, float] = field(default_factory=dict)  # waiting, running, kv_usage (scrape.py)
+    kv_blocks: int | None = None
+    block_size: int | None = None
+    aside_until: float = 0.0
+    draining: bool = False
+
+    def state(self, now: float, aside_ok: bool) -> ReplicaState:
+        g = self.gauges
+        return ReplicaState(self.id, self.revision, self.in_flight, self.in_flight_tokens, self.queued_tokens,
+                            g.get("waiting", 0.0), g.get("running", 0.0), g.get("kv_usage", 0.0), self.kv_blocks,
+                            self.block_size or DEFAULT_BLOCK_SIZE, None,
+                            ready=aside_ok or self.aside_until <= now, draining=self.draining)
+
+
+@dataclass
+class Lease:
+    """One attempt's hold on a replica: counted in flight until `release`; `failed` sets it aside."""
+
+    pool: Pool
+    replica: Replica
+    pick: Pick
+    tokens: int  # KV tokens the request holds there (uncached prompt + expected output)
+    queued: int  # its prefill still ahead of its first token
+    released: bool = False
+
+    @property
+    def url(self) -> str:
+        return self.replica.url
+
+    def first_token(self) -> None:
+        """Its prefill is done: no longer queued work on the replica."""
+        self.replica.queued_tokens = max(0, self.replica.queued_tokens - self.queued)
+        self.queued = 0
+
+    def failed(self) -> None:
+        self.replica.aside_until = time.monotonic() + ASIDE_S
+        self.pool.metrics.replica_failures.labels(self.pool.name, self.replica.id).inc()
+        log.warning("replica %s of upstream %s failed a call: set aside for %g s", self.replica.id,
+                    self.pool.name, ASIDE_S)
+        self.release()
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.first_token()
+        r = self.replica
+        r.in_flight = max(0, r.in_flight - 1)
+        r.in_flight_tokens = max(0, r.in_flight_tokens - self.tokens)
+        self.pool.metrics.replica_in_flight.labels(self.pool.name, r.id).set(r.in_flight)
+        if r.draining and r.in_flight == 0:
+            self.pool.drop(r)
+
+
+def pick_request(body: dict[str, Any], endpoint: str, block_size: int) -> PickRequest:
+    """The request as the picker sees it: approximate token ids of its prompt (the same rendering the
+    engine simulator counts), their chained block hashes, and its expected output."""
+    if endpoint == "chat" or "messages" in body:
+        messages = body.get("messages")
+        ids = approx_token_ids(chat_parts(messages if isinstance(messages, list) else []))
+    else:
+        prompt = body.get("prompt")
+        texts = [prompt] if isinstance(prompt, str) else [p for p in prompt or [] if isinstance(p, str)]
+        ids = approx_token_ids(texts)
+    out = body.get("max_completion_tokens") or body.get("max_tokens")
+    expected = out if isinstance(out, int) and not isinstance(out, bool) and out > 0 else DEFAULT_OUTPUT_TOKENS
+    return PickRequest(block_hashes(ids, block_size), len(ids), expected)
+
+
+class Pool:
+    """The replicas of one upstream, per revision, and its picker (one memory for all its replicas)."""
+
+    def __init__(self, name: str, strategy: str, metrics: Metrics) -> None:
+        self.name, self.metrics = name, metrics
+        self.picker = Picker(strategy, seed=zlib.crc32(name.encode()))  # type: ignore[arg-type]
+        self.replicas: dict[str, Replica] = {}
+
+    @property
+    def strategy(self) -> str:
+        return self.picker.strategy
+
+    def members(self, revision: str) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.revision == revision]
+
+    def sync(self, found: Iterable[Replica]) -> None:
+        """The replicas now found (all revisions): new ones join, missing ones drain."""
+        seen = {r.id: r for r in found}
+        for rid, new in seen.items():
+            old = self.replicas.get(rid)
+            if old is None:
+                self.replicas[rid] = new
+                log.info("upstream %s: replica %s (%s) joined at %s", self.name, rid, new.revision, new.url)
+            else:  # back, or moved (a pod keeps its name, a map entry its port): take the new address
+                old.url, old.revision, old.kv_events, old.draining = new.url, new.revision, new.kv_events, False
+        for rid, r in list(self.replicas.items()):
+            if rid not in seen and not r.draining:
+                r.draining = True
+                log.info("upstream %s: replica %s left; draining (%d in flight)", self.name, rid, r.in_flight)
+                if r.in_flight == 0:
+                    self.drop(r)
+
+    def drop(self, r: Replica) -> None:
+        if self.replicas.get(r.id) is r:
+            del self.replicas[r.id]
+            self.picker.forget(r.id)
+            self.metrics.replica_in_flight.remove(self.name, r.id)
+
+    def block_size(self) -> int:
+        return next((r.block_size for r in self.replicas.values() if r.block_size), DEFAULT_BLOCK_SIZE)
+
+    def lease(self, body: dict[str, Any], endpoint: str, revision: str, tried: set[str]) -> Lease | None:
+        """A replica of `revision` for this attempt (not one this call already tried, while another is
+        left), leased; None when the revision has no replica at all (then the base URL is called)."""
+        members = self.members(revision)
+        if not members:
+            return None
+        bs = self.block_size()
+        if self.picker.block_size != bs:  # the engines' block size, once scraped (hashes follow it)
+            self.picker.block_size = self.picker.index.block_size = bs
+        req = pick_request(body, endpoint, bs)
+        now = time.monotonic()
+        fresh = [r for r in members if r.id not in tried and not r.draining]
+        cands = fresh or [r for r in members if not r.draining] or members
+        states = [r.state(now, aside_ok=False) for r in cands]
+        if not any(s.eligible for s in states):  # every one set aside (or draining): better one than none
+            states = [replace(s, ready=True, draining=False) for s in (r.state(now, True) for r in cands)]
+        p = self.picker.pick(req, states)
+        assert p is not None  # at least one state is eligible
+        r = self.replicas[p.replica]
+        cached = min(p.cached_blocks * bs, req.prompt_tokens)
+        tokens = req.prompt_tokens - cached + req.expected_output_tokens
+        r.in_flight += 1
+        r.in_flight_tokens += tokens
+        r.queued_tokens += req.prompt_tokens - cached
+        m = self.metrics
+        m.picks.labels(self.name, self.strategy, p.reason).inc()
+        m.replica_in_flight.labels(self.name, r.id).set(r.in_flight)
+        m.pick_prompt_tokens.labels(self.name).inc(req.prompt_tokens)
+        m.pick_cached_tokens.labels(self.name).inc(cached)
+        return Lease(self, r, p, tokens, req.prompt_tokens - cached)
+
+
+class Fleet:
+    """The pools of every upstream with replicas; kept across config reloads (memories stay warm)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.pools: dict[str, Pool] = {}
+
+    def pool(self, up: Upstream) -> Pool | None:
+        p = self.pools.get(up.name)
+        return p if p is not None and p.replicas else None
+
+    def sync(self, found: dict[str, tuple[str, list[Replica]]]) -> None:
+        """upstream -> (strategy, its replicas now). A pool whose strategy changed starts afresh; one whose
+        upstream has no replica source any more is dropped once its in-flight calls end."""
+        for name, (strategy, replicas) in found.items():
+            pool = self.pools.get(name)
+            if pool is None or pool.strategy != strategy:
+                old, pool = pool, Pool(name, strategy, self.metrics)
+                if old is not None:  # carry the in-flight counts: those calls still end on these objects
+                    pool.replicas = old.replicas
+                self.pools[name] = pool
+            pool.sync(replicas)
+        for name in [n for n in self.pools if n not in found]:
+            self.pools[name].sync([])
+            if not self.pools[name].replicas:
+                del self.pools[name]
+
+    def lease(self, up: Upstream, body: dict[str, Any], endpoint: str, revision: str,
+              tried: set[str]) -> Lease | None:
+        pool = self.pool(up)
+        return None if pool is None else pool.lease(body, endpoint, revision, tried)

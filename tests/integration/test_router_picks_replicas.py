@@ -1,0 +1,175 @@
+"""The real router in front of four real `oculis sim serve` processes (one upstream, `endpoints:`
+listing its four replicas), on shared-prefix traffic: the prefix strategies keep each prefix group on
+the replica that holds it, so the engines' own prefix-cache counters (`vllm:prefix_cache_hits` /
+`_queries`, the robust signal on a busy machine) show a higher hit share than `random`. TTFT p90 is
+printed beside it, not asserted (timings on two busy cores are not evidence). Also: a replica that
+refuses connections is set aside and the request served by another, never failed."""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from e2e_support import eventually
+from prometheus_client.parser import text_string_to_metric_families
+from router_support import start_router
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+REPLICAS = 4
+GROUPS = 8
+PREFIX_WORDS = 450  # ~500 simulator tokens: ~31 blocks of 16
+BLOCKS = 110  # KV blocks per replica: about three groups' prefixes, so a replica seeing all eight thrashes
+REQUESTS = 96
+CONCURRENCY = 6
+PORT_BASE = 36100  # this suite's range (36000-36999)
+
+
+def _free_from(base: int, n: int) -> list[int]:
+    ports: list[int] = []
+    p = base
+    while len(ports) < n:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p))
+                ports.append(p)
+            except OSError:
+                pass
+        p += 1
+    return ports
+
+
+@pytest.fixture(scope="module")
+def sims() -> Iterator[list[str]]:
+    procs, urls = [], []
+    for port in _free_from(PORT_BASE, REPLICAS):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "oculis_cli.main", "sim", "serve", MODEL, "--gpu", "H100-80GB",
+             "--num-gpu-blocks-override", str(BLOCKS), "--max-num-seqs", "16", "--max-model-len", "1024",
+             "--host", "127.0.0.1", "--port", str(port), "--seed", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        for url in urls:
+            eventually(lambda u=url: _healthy(u), timeout=60, what=f"{url}/health")
+        yield urls
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=10)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _prefix_counters(urls: list[str]) -> tuple[float, float]:
+    hits = queries = 0.0
+    for url in urls:
+        for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=5).text):
+            for s in fam.samples:
+                if s.name == "vllm:prefix_cache_hits_total":
+                    hits += s.value
+                elif s.name == "vllm:prefix_cache_queries_total":
+                    queries += s.value
+    return hits, queries
+
+
+def _config(tmp: Path, name: str, endpoints: list[str], picker: str) -> Path:
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"oculis": {"upstreams": [
+        {"name": "llama", "provider": "vllm", "model": MODEL, "picker": picker,
+         "endpoints": [u + "/v1" for u in endpoints]}]}}))
+    return path
+
+
+def _traffic(router: str, tag: str) -> tuple[list[float], list[str]]:
+    """Shared-prefix chat: each request draws one of GROUPS long system prompts and asks a short unique
+    question, streamed; returns client TTFTs and the replica each was sent to."""
+    rng = random.Random(tag)
+    prefixes = [" ".join(f"{tag}{g}w{i}" for i in range(PREFIX_WORDS)) for g in range(GROUPS)]
+    bodies = [{"model": "llama", "max_tokens": 4, "stream": True,
+               "messages": [{"role": "system", "content": prefixes[rng.randrange(GROUPS)]},
+                            {"role": "user", "content": f"question {n} {rng.random():.6f}"}]}
+              for n in range(REQUESTS)]
+
+    def one(body: dict[str, object]) -> tuple[float, str]:
+        import time
+
+        t0 = time.perf_counter()
+        with httpx.stream("POST", router + "/v1/chat/completions", json=body, timeout=60) as resp:
+            assert resp.status_code == 200, resp.read()
+            ttft = None
+            for line in resp.iter_lines():
+                if ttft is None and line.startswith("data: "):
+                    ttft = time.perf_counter() - t0
+                assert "stream_interrupted" not in line
+            return ttft or 0.0, resp.headers.get("x-oculis-replica", "")
+
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        out = list(pool.map(one, bodies))
+    return [t for t, _ in out], [r for _, r in out]
+
+
+def _p90(xs: list[float]) -> float:
+    return sorted(xs)[int(0.9 * (len(xs) - 1))]
+
+
+def test_prefix_strategies_beat_random_on_the_engines_own_prefix_cache(sims: list[str], tmp_path: Path) -> None:
+    share: dict[str, float] = {}
+    p90: dict[str, float] = {}
+    for picker in ("random", "prefix", "kv-events"):
+        proc, url, mport = start_router(_config(tmp_path, picker, sims, picker), tmp_path / f"{picker}.log")
+        try:
+            h0, q0 = _prefix_counters(sims)
+            ttfts, replicas = _traffic(url, picker.replace("-", ""))
+            h1, q1 = _prefix_counters(sims)
+            metrics = httpx.get(f"http://127.0.0.1:{mport}/metrics").text
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+        share[picker] = (h1 - h0) / max(q1 - q0, 1.0)
+        p90[picker] = _p90(ttfts)
+        assert len(set(replicas)) > 1 and all(r.startswith("http://127.0.0.1:") for r in replicas)
+        reasons = {s.labels["reason"] for f in text_string_to_metric_families(metrics) for s in f.samples
+                   if s.name == "oculis_picks_total" and s.labels["strategy"] == picker}
+        # kv-events with engines that publish nothing scores them from the prefix memory: `fallback`
+        assert {"random": "random", "prefix": "prefix", "kv-events": "fallback"}[picker] in reasons
+    print("\nengine prefix-cache hit share / client TTFT p90 (s), "
+          f"{REPLICAS} replicas, {GROUPS} groups, {REQUESTS} requests:")
+    for picker in share:
+        print(f"  {picker:10s} {share[picker]:.3f}  {p90[picker]:.3f}")
+    assert share["prefix"] > share["random"] + 0.15
+    assert share["kv-events"] > share["random"] + 0.15  # no publisher: scored from prefix memory (fallback)
+
+
+def test_a_replica_refusing_connections_is_set_aside_and_the_request_served_by_another(
+        sims: list[str], tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{_free_from(PORT_BASE + 50, 1)[0]}"
+    proc, url, mport = start_router(_config(tmp_path, "dead", [dead, *sims[:2]], "round-robin"),
+                                    tmp_path / "dead.log")
+    try:
+        for n in range(9):
+            r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+                "model": "llama", "max_tokens": 2, "messages": [{"role": "user", "content": f"hi {n}"}]})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-oculis-replica"] != dead + "/v1"
+        metrics = httpx.get(f"http://127.0.0.1:{mport}/metrics").text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    failed = [s for f in text_string_to_metric_families(metrics) for s in f.samples
+              if s.name == "oculis_replica_failures_total"]
+    assert [s.labels["replica"] for s in failed] == [dead + "/v1"]
+    assert failed[0].value == 1  # set aside after one failure: no further request went there
