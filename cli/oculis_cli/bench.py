@@ -7,8 +7,12 @@ in-flight requests drained), Prometheus, progress and output. Decisions live in 
 to send) and stats (metrics, goodput, deltas, verdict). It speaks only OpenAI HTTP and the
 Prometheus API, so it runs unchanged against the simulator, real vLLM and hosted providers.
 
-Exit codes: 0 PASS (or nothing to judge), 3 FAIL, 4 INCONCLUSIVE, 2 bad input, 5 target or Prometheus
-unreachable.
+Exit codes (also in --help and README): 0 PASS, or nothing to judge; 3 FAIL; 4 INCONCLUSIVE (too little
+data: fewer than --min-requests succeeded, more than 5 % cut at the drain, no request succeeded, or a
+comparison that cannot tell); 2 bad input, including requests every one of which the server refused for a
+reason the command line can fix (404: --url or --route, 401/403: --api-key-env); 5 the target or Prometheus
+unreachable, or every request failed for a reason on the server's side (connection, timeout, 429, 5xx).
+A run whose first requests all fail alike stops early with one line naming the cause and the fix.
 """
 
 from __future__ import annotations
@@ -20,16 +24,20 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, TextIO
 
 from oculis import ConfigError, Pricing
 from oculis_cli.inputs import InputError, finite_float, load_yaml, read_config, read_text
+from oculis_measure.bench.failures import api_base
 
 EXIT = {"PASS": 0, None: 0, "FAIL": 3, "INCONCLUSIVE": 4}
 USAGE, UNREACHABLE = 2, 5
-SIM_FINGERPRINT = "oculis-simulator"
+EXIT_HELP = ("Exit codes: 0 PASS (or nothing to judge), 3 FAIL, 4 INCONCLUSIVE (fewer than --min-requests "
+             "succeeded, over 5%% cut at the drain, or a comparison that cannot tell), 2 bad input or every request "
+             "refused for a reason the command line fixes (HTTP 404: --url/--route; 401/403: --api-key-env), "
+             "5 target unreachable or every request failed on its side (connection, timeout, 429, 5xx). A run whose "
+             "first 8 requests all fail alike stops there with one line naming the cause.")
 SIM_NOTE = "SIMULATED upstream (oculis-simulator): modelled figures, not measurements of a real engine"
 
 
@@ -49,8 +57,9 @@ def register(sub: Any) -> None:
     p = bench_sub.add_parser(
         "run", help="run a seeded workload against a route and judge it (SLOs, --compare baseline)",
         description="Open-loop (Poisson, --rate) or closed-loop (--concurrency) load; warm-up excluded; "
-        "in-flight requests drained. Exit 0 PASS, 3 FAIL, 4 INCONCLUSIVE, 2 bad input, 5 unreachable. "
-        f"Built-in profiles: {profiles}.")
+        "in-flight requests drained; every rate is over the measured window (warm-up end to the later of the "
+        "planned end and the last request's end, any outcome). Each run salts its prompts (--fresh-cache) unless "
+        f"the profile sets cross_run_prefixes. {EXIT_HELP} Built-in profiles: {profiles}.")
     p.add_argument("--route", required=True, help="route (the `model` the router is called with)")
     p.add_argument("--profile", default="mixed", help=f"{names} or a YAML/JSON file (default mixed)")
     p.add_argument("--duration", default="60s", help="measured time after the warm-up, e.g. 600s, 10m (default 60s)")
@@ -61,7 +70,8 @@ def register(sub: Any) -> None:
                    help="arrival gaps gamma(shape=B): 1 Poisson (default), < 1 bursty")
     p.add_argument("--warmup", help="sent first and not measured (default 10%% of --duration)")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="router or OpenAI-compatible base URL")
+    p.add_argument("--url", default="http://127.0.0.1:8080",
+                   help="router or OpenAI-compatible base URL, with or without /v1 (default http://127.0.0.1:8080)")
     p.add_argument("--api-key-env", metavar="VAR", help="send the bearer key held in this environment variable")
     p.add_argument("--prometheus-url", help="Prometheus scraping the engines: preemptions, spec-decode acceptance, "
                    "prefix-cache hit share over the run window")
@@ -86,9 +96,10 @@ def register(sub: Any) -> None:
     p.add_argument("--report", type=Path, metavar="FILE.html", help="self-contained HTML page with plots")
     p.add_argument("-o", "--output", choices=["table", "json", "yaml", "csv"], default="table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines on stderr")
-    p.add_argument("--fresh-cache", action="store_true",
+    p.add_argument("--fresh-cache", action=argparse.BooleanOptionalAction, default=None,
                    help="start every prompt with a word unique to this run, so nothing is reused from an earlier "
-                   "run's prefix cache (shared prefixes within the run still are); the fingerprint is unchanged")
+                   "run's prefix cache (shared prefixes within the run still are); default on, off when the profile "
+                   "sets cross_run_prefixes: true; part of the fingerprint, so --compare judges like with like")
     p.set_defaults(run=run)
 
 
@@ -148,13 +159,14 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
         baseline = bench_stats.read_baseline(load_yaml(read_text(args.compare, "--compare"), f"--compare {path}"),
                                              path)
     by_upstream, flat = _pricing(args)
+    salted = args.fresh_cache if args.fresh_cache is not None else not profile.cross_run_prefixes
     wl = bench_workload.plan(profile, seed=args.seed, route=args.route, duration_s=duration, warmup_s=warmup,
-                             rate=args.rate, concurrency=args.concurrency, burstiness=args.burstiness)
+                             rate=args.rate, concurrency=args.concurrency, burstiness=args.burstiness, salted=salted)
     return {"duration": duration, "warmup": warmup, "drain": bench_workload.parse_duration(args.drain_timeout,
                                                                                         "--drain-timeout"),
             "timeout": bench_workload.parse_duration(args.request_timeout, "--request-timeout"),
             "slos": slos, "baseline": baseline, "prices": by_upstream, "flat_price": flat, "workload": wl,
-            "profile": profile}
+            "profile": profile, "salted": salted}
 
 
 # ---- the load ------------------------------------------------------------------------------------------
@@ -168,10 +180,12 @@ class ProgressView:
         self.last = 0.0
         self.bar: Any = None
         if self.tty:
+            from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+            # on the stream it checked (stderr), never stdout: `-o json > out.json` must still show the bar
             self.bar = Progress(TextColumn("bench"), BarColumn(), TextColumn("{task.description}"),
-                                TimeRemainingColumn(), transient=True)
+                                TimeRemainingColumn(), transient=True, console=Console(file=stream))
             self.task = self.bar.add_task("", total=total_s)
             self.bar.start()
 
@@ -188,164 +202,13 @@ class ProgressView:
             self.bar.stop()
 
 
-async def _one(client: Any, route: str, req: Any, result: Any, t0: float, timeout: float, salt: str = "") -> None:
-    import httpx
-
-    loop = asyncio.get_running_loop()
-    messages = req.messages
-    if salt:  # the same word at the very start of every prompt of this run: a new prefix for the engine's cache
-        messages = [{**messages[0], "content": f"{salt} {messages[0]['content']}"}, *messages[1:]]
-    body = {"model": route, "messages": messages, "max_tokens": req.max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}
-    sent = loop.time()
-    result.sent_s = sent - t0
-    last = None
-    chunks = 0
-    usage: dict[str, Any] | None = None
-    try:
-        async with asyncio.timeout(timeout), client.stream("POST", "/v1/chat/completions", json=body) as resp:
-            result.upstream = resp.headers.get("x-oculis-upstream")
-            result.simulated = resp.headers.get("x-oculis-simulated") == "true"
-            if resp.status_code != 200:
-                await resp.aread()
-                result.error = f"http_{resp.status_code}"
-                return
-            finished = False
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    finished = True
-                    break
-                chunk = json.loads(data)
-                if not isinstance(chunk, dict) or "error" in chunk:
-                    result.error = "stream_error"
-                    return
-                if chunk.get("system_fingerprint") == SIM_FINGERPRINT:
-                    result.simulated = True
-                if isinstance(chunk.get("usage"), dict):
-                    usage = chunk["usage"]
-                for choice in chunk.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    if delta.get("content") or choice.get("text"):
-                        now = loop.time()
-                        if last is None:
-                            result.ttft_s = now - sent
-                        else:
-                            result.itl_s.append(now - last)
-                        last = now
-                        chunks += 1
-            if not finished:
-                result.error = "stream_cut"  # the body ended without [DONE]
-                return
-    except TimeoutError:
-        result.error = "timeout"
-        return
-    except httpx.TimeoutException:
-        result.error = "timeout"
-        return
-    except httpx.TransportError:
-        result.error = "connection"
-        return
-    except ValueError:  # a data line that is not JSON
-        result.error = "bad_stream"
-        return
-    result.e2e_s = loop.time() - sent
-    result.ok = True
-    from oculis_router.usage import Usage
-
-    u = Usage.parse(usage)
-    result.output_tokens = u.completion if u is not None else chunks
-    result.prompt_tokens = u.prompt if u is not None else 0
-    result.cached_tokens = u.cached if u is not None else 0
-    result.usage = u  # priced after the run, in one place
-
-
-async def _load(inp: dict[str, Any], args: argparse.Namespace,
-                progress: ProgressView) -> tuple[list[Any], dict[str, float]]:
-    import httpx
-
-    from oculis_measure.bench.stats import RequestResult
-
-    wl = inp["workload"]
-    warmup, duration = inp["warmup"], inp["duration"]
-    headers = {}
-    if args.api_key_env:
-        headers["authorization"] = f"Bearer {os.environ[args.api_key_env]}"
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1000)
-    results: list[RequestResult] = []
-    tasks: set[asyncio.Task[None]] = set()
-    loop = asyncio.get_running_loop()
-    salt = f"run{os.urandom(4).hex()}" if args.fresh_cache else ""
-    async with httpx.AsyncClient(base_url=args.url, headers=headers, limits=limits,
-                                 timeout=httpx.Timeout(inp["timeout"], connect=10)) as client:
-        t0 = loop.time()
-        wall0 = time.time()
-        end = t0 + warmup + duration
-
-        def spawn(i: int, scheduled: float | None) -> asyncio.Task[None]:
-            r = RequestResult(index=i, sent_s=loop.time() - t0, scheduled_s=scheduled)
-            r.warmup = r.sent_s < warmup
-            results.append(r)
-            task = asyncio.create_task(_one(client, args.route, wl.requests[i % len(wl.requests)], r, t0,
-                                            inp["timeout"], salt))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            return task
-
-        async def ticker() -> None:
-            while True:
-                now = loop.time()
-                done = sum(1 for r in results if r.ok or r.error)
-                progress.update(now - t0, len(results), done, len(tasks), "warm-up" if now - t0 < warmup
-                                else "measuring" if now < end else "draining")
-                await asyncio.sleep(0.25)
-
-        tick = asyncio.create_task(ticker())
-        try:
-            if wl.arrivals is not None:
-                for i, due in enumerate(wl.arrivals):
-                    delay = t0 + due - loop.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    spawn(i, due)
-            else:
-                counter = iter(range(10**12))
-
-                async def worker() -> None:
-                    while loop.time() < end:
-                        await spawn(next(counter), None)
-
-                await asyncio.gather(*(worker() for _ in range(args.concurrency)))
-            sent_end = loop.time()
-            pending = set(tasks)
-            if pending:
-                _, left = await asyncio.wait(pending, timeout=inp["drain"])
-                for task in left:
-                    task.cancel()
-                if left:
-                    await asyncio.wait(left)
-        finally:
-            tick.cancel()
-        for r in results:
-            if not r.ok and r.error is None:
-                r.cancelled = True
-        measured_done = [r.sent_s + r.e2e_s for r in results if not r.warmup and r.ok and r.e2e_s is not None]
-        last = max(measured_done, default=sent_end - t0)
-        return results, {"wall_start": wall0, "wall_measure_start": wall0 + warmup,
-                         "wall_end": wall0 + last, "window_s": max(last - warmup, 1e-6),
-                         # a generator that lags sends past the planned end: its achieved rate drops
-                         "send_window_s": max(duration, max((r.sent_s for r in results), default=0) - warmup)}
-
-
 def _preflight(args: argparse.Namespace) -> None:
     """Unreachable target: Unreachable (exit 5). A route the server does not list: InputError (exit 2)."""
     import httpx
 
     headers = {"authorization": f"Bearer {os.environ[args.api_key_env]}"} if args.api_key_env else {}
     try:
-        resp = httpx.get(f"{args.url.rstrip('/')}/v1/models", headers=headers, timeout=10)
+        resp = httpx.get(f"{api_base(args.url)}/v1/models", headers=headers, timeout=10)
     except httpx.HTTPError as exc:
         raise Unreachable(f"--url {args.url}: target unreachable ({type(exc).__name__}: {exc}); start the router "
                           "or give the right --url") from None
@@ -424,10 +287,15 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
     load = wl["load"]
     req = cur["requests"]
     console.print(f"route {wl['route']}, profile {wl['profile']} (dataset {wl['dataset_hash']}, seed {wl['seed']}, "
-                  f"fingerprint {doc['workload_hash']}), {wl['duration_s']:g}s measured after {wl['warmup_s']:g}s "
+                  f"fingerprint {doc['workload_hash']}), {wl['duration_s']:g}s of sends after {wl['warmup_s']:g}s "
                   f"warm-up, " + (f"concurrency {load['concurrency']}" if "concurrency" in load else
                                   f"{load['rate']:g} req/s requested (burstiness {load['burstiness']:g})")
-                  + (", prompts salted for this run (--fresh-cache)" if doc.get("fresh_cache") else ""))
+                  + (", prompts salted for this run (nothing reused from an earlier run's prefix cache)"
+                     if doc.get("fresh_cache") else ", prompts not salted (may hit prefixes an earlier run cached)"))
+    win = cur.get("window")
+    if win:
+        console.print(f"window: {win['window_s']:,.1f}s = {win['sending_s']:g}s of sends + {win['drain_s']:,.1f}s "
+                      "until the last measured request ended (any outcome); every rate below divides by it")
     if cur.get("achieved_rate") is not None and "rate" in load:
         lag = cur.get("send_lag_ms") or {}
         console.print(f"achieved {cur['achieved_rate']:.2f} req/s sent ({doc['scheduled_rate']:.2f} scheduled by the "
@@ -479,9 +347,9 @@ def render_csv(doc: dict[str, Any], out: TextIO) -> None:
 
 # ---- the command ---------------------------------------------------------------------------------------
 
-def run(args: argparse.Namespace, stdout: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     try:
-        return _run(args, stdout)
+        return _run(args, stdout or sys.stdout)
     except InputError as exc:
         print(f"oculis bench run: {exc}", file=sys.stderr)
         return USAGE
@@ -499,6 +367,7 @@ def run(args: argparse.Namespace, stdout: TextIO = sys.stdout) -> int:
 
 def _run(args: argparse.Namespace, stdout: TextIO) -> int:
     from oculis_measure.bench import stats as bench_stats
+    from oculis_measure.bench.load import LoadPlan, run_load
     from oculis_router.usage import cost_dollars
 
     inp = _inputs(args)
@@ -513,13 +382,23 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
             raise Unreachable(str(exc)) from None
     wl = inp["workload"]
     progress = ProgressView(inp["warmup"] + inp["duration"], enabled=not args.no_progress)
+    headers = {"authorization": f"Bearer {os.environ[args.api_key_env]}"} if args.api_key_env else {}
+    plan = LoadPlan(url=args.url, route=args.route, warmup_s=inp["warmup"], duration_s=inp["duration"],
+                    drain_s=inp["drain"], timeout_s=inp["timeout"], concurrency=args.concurrency, headers=headers,
+                    salt=f"run{os.urandom(4).hex()}" if inp["salted"] else "")
     try:
-        results, window = asyncio.run(_load(inp, args, progress))
+        load = asyncio.run(run_load(plan, wl, progress.update))
     finally:
         progress.close()
+    results = load.results
+    failing = _all_failed(load, args)
+    if failing is not None:
+        print(f"oculis bench run: {failing.line}", file=sys.stderr)
+        return int(failing.exit_code)
     measured = [r for r in results if not r.warmup]
-    if measured and all(r.error == "connection" for r in measured):
-        raise Unreachable(f"--url {args.url}: every request failed to connect; is the router still running?")
+    win = bench_stats.measured_window(results, inp["warmup"], inp["duration"])
+    window = {"wall_measure_start": load.wall_start + inp["warmup"],
+              "wall_end": load.wall_start + inp["warmup"] + win["window_s"], **win}
     cost_note = "not priced: give --config (the router's config) or --pricing IN,OUT"
     for r in results:
         u = r.usage
@@ -530,19 +409,27 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
             r.cost = cost_dollars(price, u if u is not None else Usage(r.prompt_tokens, r.output_tokens, 0, 0))
     if inp["prices"] and any(r.ok and r.cost is None for r in measured):
         cost_note = "not priced: some answers came from an upstream without pricing in --config"
-    current = bench_stats.summarize(results, window["window_s"], slos=inp["slos"], requested_rate=args.rate or (
-        None if args.concurrency else inp["profile"].rate), send_window_s=window["send_window_s"])
+    # a generator that lags sends past the planned end: its achieved rate drops
+    send_window = max(inp["duration"], max((r.sent_s for r in results), default=0) - inp["warmup"])
+    current = bench_stats.summarize(results, win["window_s"], slos=inp["slos"], requested_rate=args.rate or (
+        None if args.concurrency else inp["profile"].rate), send_window_s=send_window)
+    current["window"] = win
     warnings = []
     scheduled = None
     if args.concurrency is None and current["achieved_rate"] is not None:
         lag = (current.get("send_lag_ms") or {}).get("p99") or 0.0
-        requested = current["requested_rate"] or 0.0
         scheduled = sum(1 for t in wl.arrivals or [] if t >= inp["warmup"]) / inp["duration"]
         # inference-perf's rule of thumb: sends should leave within ~10 ms of schedule; 50 ms p99 is lagging
-        if lag > 50 or current["achieved_rate"] < 0.95 * scheduled:
-            warnings.append(f"the load generator lagged: achieved {current['achieved_rate']:.2f} req/s of "
-                            f"{requested:g} requested ({scheduled:.2f} scheduled), send lag p99 {lag:.0f} ms; the "
-                            "figures understate the load; use a faster client machine or a lower --rate")
+        if lag > 50:
+            warnings.append(f"the load generator sent late: send lag p99 {lag:,.0f} ms behind the seeded schedule "
+                            "(> 50 ms), so the load was burstier than asked; use a faster client machine or a "
+                            "lower --rate")
+        if current["achieved_rate"] < 0.95 * scheduled:
+            warnings.append(f"the load generator fell behind: it sent {current['achieved_rate']:.2f} req/s of the "
+                            f"{scheduled:.2f} req/s the seeded arrivals scheduled; the figures understate the load")
+    if 0 < current["requests"]["succeeded"] < args.min_requests and not (inp["slos"] or inp["baseline"]):
+        warnings.append(f"only {current['requests']['succeeded']} requests succeeded (< --min-requests "
+                        f"{args.min_requests}): too few for stable percentiles")
     if args.prometheus_url:
         current["server"] = _server_metrics(args, window)
         if not current["server"]["complete"]:
@@ -561,7 +448,7 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
         "schema_version": 1, "verdict": verdict, "reasons": [r for r in reasons if r], "simulated": simulated,
         "note": SIM_NOTE if simulated else None, "target": args.url, "workload": wl.fingerprint,
         "workload_hash": wl.fingerprint_hash, "current": current, "baseline": baseline, "delta": deltas,
-        "slos": slo_results, "warnings": warnings, "scheduled_rate": scheduled, "fresh_cache": args.fresh_cache,
+        "slos": slo_results, "warnings": warnings, "scheduled_rate": scheduled, "fresh_cache": inp["salted"],
         "cost_note": None if current["cost_per_1k_requests"] is not None else cost_note,
     }
     if args.save is not None:
@@ -585,6 +472,25 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
     else:
         render_table(doc, stdout)
     return EXIT[verdict]
+
+
+def _all_failed(load: Any, args: argparse.Namespace) -> Any:
+    """The one-line diagnosis of a run that measured nothing because its requests failed: the first
+    requests all failed alike (the run stopped early), or no request succeeded and some failed."""
+    from oculis_measure.bench.failures import diagnose, dominant_failure
+
+    results = load.results
+    failed = [r for r in results if not r.ok and r.error]
+    if load.aborted is not None:
+        same = [r for r in failed if r.error == load.aborted]
+        return diagnose(load.aborted, len(same), len(results), args.url, args.route, args.api_key_env,
+                        same[0].error_detail if same else None, early=True)
+    measured = [r for r in results if not r.warmup] or results
+    if not failed or any(r.ok for r in measured) or not any(not r.ok and r.error for r in measured):
+        return None
+    kind, count = dominant_failure([r.error for r in measured if not r.ok and r.error])
+    detail = next((r.error_detail for r in measured if r.error == kind and r.error_detail), None)
+    return diagnose(kind, count, len(measured), args.url, args.route, args.api_key_env, detail)
 
 
 def _samples(results: list[Any]) -> dict[str, list[float]]:

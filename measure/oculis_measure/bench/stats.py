@@ -7,6 +7,9 @@ Metric names and formulas follow vLLM's `bench serve` (so a `--save-result` file
   itl   = gaps between content chunks, pooled over all requests
   e2e   = last byte - send (vLLM's e2el)
   throughput_tok_s = output tokens of the measured requests / the measured window
+The measured window runs from the end of the warm-up until the later of the planned end of sending and
+the end of the last measured request of any outcome (succeeded, failed, or cut at the drain timeout), so
+failures never shrink it: every rate has the same denominator (measured_window).
 Percentiles are numpy's linear ones (vLLM's). Goodput counts a request good when it succeeded and met
 every per-request latency SLO; errors count as bad, cancelled (not drained in time) are left out of both
 sides (GuideLLM's and AIPerf's denominators): goodput_share = good / (succeeded + failed).
@@ -32,6 +35,8 @@ FORMULAS = {
     "e2e_ms": "last byte - send",
     "throughput_tok_s": "output tokens / measured window",
     "goodput_rps": "requests meeting every SLO / measured window",
+    "window": "warm-up end -> the later of the planned end of sending and the last measured request's end "
+              "(any outcome)",
 }
 
 
@@ -42,6 +47,8 @@ class RequestResult:
     scheduled_s: float | None = None  # open loop: when it was due (lag = sent - scheduled)
     ok: bool = False
     error: str | None = None  # kind: http_429, http_5xx, timeout, connection, stream_error, ...
+    error_detail: str | None = None  # the start of the server's error body, for the one-line diagnosis
+    ended_s: float | None = None  # seconds from the run's start when it ended, any outcome (cancelled: the cut)
     ttft_s: float | None = None
     e2e_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
@@ -150,6 +157,16 @@ def _dist(values_s: list[float]) -> dict[str, float | None]:
     return {"mean": float(arr.mean()), **{f"p{p}": float(q) for p, q in zip(PERCENTILES, qs, strict=True)}}
 
 
+def measured_window(results: list[RequestResult], warmup_s: float, duration_s: float) -> dict[str, float]:
+    """The window every rate divides by: from the end of the warm-up until the later of the planned end
+    of sending (warm-up + duration) and the end of the last measured request, whatever its outcome. A
+    failure ends a request as much as a success does, so failing fast never shrinks the window."""
+    planned_end = warmup_s + duration_s
+    ends = [r.ended_s for r in results if not r.warmup and r.ended_s is not None]
+    end = max([planned_end, *ends])
+    return {"window_s": end - warmup_s, "sending_s": duration_s, "drain_s": end - planned_end}
+
+
 def summarize(results: list[RequestResult], window_s: float, *, slos: list[Slo] | None = None,
               requested_rate: float | None = None, send_window_s: float | None = None) -> dict[str, Any]:
     """The metrics of the measured requests (warm-up excluded) over the measured window (seconds)."""
@@ -248,6 +265,7 @@ class Tolerances:
     error_rate_pp: float = 1.0  # percentage points
     cost_pct: float = 10.0
     min_requests: int = 20  # fewer succeeded requests in either run: too few to tell
+    max_cancelled_share: float = 0.05  # more measured requests cut at the drain: their tail is unknown (p95)
 
 
 def delta(baseline: dict[str, Any], current: dict[str, Any], tol: Tolerances) -> dict[str, dict[str, Any]]:
@@ -283,49 +301,74 @@ def delta(baseline: dict[str, Any], current: dict[str, Any], tol: Tolerances) ->
     return out
 
 
-FINGERPRINT_FIELDS = ("profile", "dataset_hash", "seed", "route", "duration_s", "warmup_s", "load")
+FINGERPRINT_FIELDS = ("profile", "dataset_hash", "seed", "route", "duration_s", "warmup_s", "load", "salted")
+# A fingerprint written before a field existed had that field's old value: runs were not salted then.
+FINGERPRINT_DEFAULTS: dict[str, Any] = {"salted": False}
+
+
+def num(v: float) -> str:
+    """A figure as the table prints it: thousands separators, one decimal from 1 up, 3 significant below."""
+    return f"{v:,.1f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
 def verdict(current: dict[str, Any], fingerprint: dict[str, Any], slo_results: list[dict[str, Any]],
             baseline: dict[str, Any] | None, baseline_fingerprint: dict[str, Any] | None,
             deltas: dict[str, dict[str, Any]] | None, tol: Tolerances) -> tuple[str | None, list[str]]:
     """(verdict, reasons, the binding one first). None when there is nothing to judge (no --slo and no
-    --compare). INCONCLUSIVE beats FAIL only for the comparison: a missed SLO fails on its own."""
+    --compare) and some request succeeded. A missed SLO fails on its own; anything judged on too little
+    data is INCONCLUSIVE, never PASS: no request succeeded, fewer than --min-requests succeeded, or more
+    than max_cancelled_share of the measured requests were cut at the drain timeout (the percentiles then
+    cover only the faster ones)."""
     reasons: list[str] = []
     failed = [r for r in slo_results if r["met"] is False]
     unmeasured = [r for r in slo_results if r["met"] is None]
-    reasons += [f"SLO {r['slo']} missed: observed {r['observed']:.4g}{r.get('unit', '')}" for r in failed]
+    reasons += [f"SLO {r['slo']} missed: observed {num(r['observed'])}{r.get('unit', '')}" for r in failed]
     inconclusive: list[str] = [f"SLO {r['slo']}: not measured in this run" for r in unmeasured]
+    judging = baseline is not None or bool(slo_results)
+    succeeded = int(get(current, "requests.succeeded") or 0)
+    measured = int(get(current, "requests.measured") or 0)
+    cancelled = int(get(current, "requests.cancelled") or 0)
+    if succeeded == 0:
+        inconclusive.append(f"no measured request succeeded ({measured} measured, {cancelled} cut at the drain "
+                            "timeout): there is nothing to judge")
+    elif judging and succeeded < tol.min_requests:
+        inconclusive.append(f"the current run has {succeeded} succeeded requests (< --min-requests "
+                            f"{tol.min_requests}): too few for its percentiles; run longer or at a higher rate")
+    if measured and cancelled / measured > tol.max_cancelled_share:
+        inconclusive.append(f"{cancelled} of {measured} measured requests ({100 * cancelled / measured:.0f}%) were "
+                            "cut at the drain timeout: the figures cover only the faster ones; raise "
+                            "--drain-timeout or lower the load")
     if baseline is not None:
         if baseline_fingerprint is None:
             inconclusive.append("the baseline has no workload fingerprint (not an `oculis bench run --save` "
                                 "file); rerun the baseline with --save, or pass --force-compare")
         else:
-            diff = [k for k in FINGERPRINT_FIELDS if baseline_fingerprint.get(k) != fingerprint.get(k)]
+            diff = [k for k in FINGERPRINT_FIELDS if baseline_fingerprint.get(k, FINGERPRINT_DEFAULTS.get(k))
+                    != fingerprint.get(k, FINGERPRINT_DEFAULTS.get(k))]
             if diff:
                 inconclusive.append("workload mismatch: " + ", ".join(
-                    f"{k} {baseline_fingerprint.get(k)!r} vs {fingerprint.get(k)!r}" for k in diff)
-                    + "; rerun with the baseline's profile, seed, route, duration and load")
+                    f"{k} {baseline_fingerprint.get(k, FINGERPRINT_DEFAULTS.get(k))!r} vs "
+                    f"{fingerprint.get(k, FINGERPRINT_DEFAULTS.get(k))!r}" for k in diff)
+                    + "; rerun with the baseline's profile, seed, route, duration, load and prompt salting")
         known = baseline.get("simulated") is not None  # a vLLM file cannot say whether its server was simulated
         if known and bool(baseline.get("simulated")) != bool(current.get("simulated")):
             inconclusive.append("one run is simulated and the other is not; compare like with like")
-        for name, m in (("baseline", baseline), ("current", current)):
-            n = int(get(m, "requests.succeeded") or get(m, "completed") or 0)
-            if n < tol.min_requests:
-                inconclusive.append(f"the {name} run has {n} succeeded requests (< --min-requests "
-                                    f"{tol.min_requests}); run longer or at a higher rate")
+        n = int(get(baseline, "requests.succeeded") or get(baseline, "completed") or 0)
+        if n < tol.min_requests:
+            inconclusive.append(f"the baseline run has {n} succeeded requests (< --min-requests "
+                                f"{tol.min_requests}); run longer or at a higher rate")
         if deltas:
             for key, d in deltas.items():
                 if d["status"] == "regressed":
                     pct = "" if d["change_pct"] is None else f" ({d['change_pct']:+.1f}%)"
-                    reasons.append(f"{key} {d['baseline']:.4g} -> {d['current']:.4g}{pct}, limit {d['limit']}")
+                    reasons.append(f"{key} {num(d['baseline'])} -> {num(d['current'])}{pct}, limit {d['limit']}")
     if failed:
         return "FAIL", reasons + inconclusive
     if inconclusive:
         return "INCONCLUSIVE", inconclusive + reasons
     if reasons:
         return "FAIL", reasons
-    if baseline is None and not slo_results:
+    if not judging:
         return None, ["no --compare and no --slo: nothing to judge"]
     passed = (["every SLO met"] if slo_results else []) + (["no metric regressed beyond its limit"]
                                                           if baseline is not None else [])

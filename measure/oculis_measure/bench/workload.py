@@ -77,6 +77,9 @@ class Profile(_Strict):
     shared_prefix: SharedPrefix | None = None
     multi_turn: MultiTurn | None = None
     rate: float = Field(1.0, gt=0, le=100_000, description="default requests per second (--rate overrides)")
+    cross_run_prefixes: bool = Field(False, description="true: runs send the same prompts, so a run may hit "
+                                     "prefixes an earlier run left in the engine's cache (a warm-cache benchmark); "
+                                     "false (default): each run salts its prompts (--fresh-cache)")
 
 
 BUILTIN: dict[str, Profile] = {p.name: p for p in (
@@ -206,9 +209,11 @@ def dataset_hash(requests: list[PlannedRequest]) -> str:
 
 
 def plan(profile: Profile, *, seed: int, route: str, duration_s: float, warmup_s: float, rate: float | None,
-         concurrency: int | None, burstiness: float) -> Workload:
+         concurrency: int | None, burstiness: float, salted: bool = False) -> Workload:
     """The whole workload of one run. Closed loop (--concurrency) sends from a pool of requests in order,
-    sized for the run (C x duration x 4 at least 512), wrapping around if the engine is faster."""
+    sized for the run (C x duration x 4 at least 512), wrapping around if the engine is faster. `salted`:
+    each prompt starts with a word unique to the run (the word is not in the dataset hash; that there is
+    one is in the fingerprint, so a salted run is never compared with an unsalted one)."""
     if concurrency is not None:
         times = None
         count = max(512, math.ceil(concurrency * (duration_s + warmup_s) * 4))
@@ -220,6 +225,6 @@ def plan(profile: Profile, *, seed: int, route: str, duration_s: float, warmup_s
     fp: dict[str, Any] = {"profile": profile.name, "dataset_hash": ds, "seed": seed, "route": route,
                           "duration_s": duration_s, "warmup_s": warmup_s,
                           "load": {"concurrency": concurrency} if concurrency is not None
-                          else {"rate": rate or profile.rate, "burstiness": burstiness}}
+                          else {"rate": rate or profile.rate, "burstiness": burstiness}, "salted": salted}
     fp_hash = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
     return Workload(profile.name, seed, requests, times, ds, fp, fp_hash)

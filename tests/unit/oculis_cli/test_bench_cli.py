@@ -103,7 +103,7 @@ def _run_one(body: bytes, status: int = 200, salt: str = "", headers: dict[str, 
 
     import httpx
 
-    from oculis_cli.bench import _one
+    from oculis_measure.bench.load import one_request as _one
     from oculis_measure.bench.workload import PlannedRequest
 
     sent: list[dict[str, Any]] = []

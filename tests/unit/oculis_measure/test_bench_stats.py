@@ -156,10 +156,10 @@ def judge(base: dict[str, Any] | None, cur: dict[str, Any], base_fp: dict[str, A
 def test_verdict_pass_fail_and_the_binding_reason_first() -> None:
     assert judge(metrics(1000, 10, 100), metrics(1000, 10, 100))[0] == "PASS"
     v, reasons = judge(metrics(1000, 10, 100), metrics(450, 4.5, 100))
-    assert v == "FAIL" and reasons[0].startswith("throughput_tok_s 1000 -> 450 (-55.0%), limit -10%")
+    assert v == "FAIL" and reasons[0].startswith("throughput_tok_s 1,000.0 -> 450.0 (-55.0%), limit -10%")
     assert judge(None, metrics(1000, 10, 100)) == (None, ["no --compare and no --slo: nothing to judge"])
     v, reasons = judge(None, metrics(1000, 10, 100), slos="ttft_p95<50ms")
-    assert v == "FAIL" and reasons == ["SLO ttft_p95<50ms missed: observed 100ms"]
+    assert v == "FAIL" and reasons == ["SLO ttft_p95<50ms missed: observed 100.0ms"]
 
 
 @pytest.mark.parametrize(("base_fp", "cur", "says"), [
