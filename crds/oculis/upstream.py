@@ -14,7 +14,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from oculis.base import Model
 from oculis.gpus import GPU_PRODUCTS
-from oculis.router import NAME_PATTERN, Pricing, Provider, Timeouts
+from oculis.router import DEFAULT_PICKER, NAME_PATTERN, PickerName, Pricing, Provider, Timeouts
 
 GPUProductName = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H100-PCIe-80GB", "H100-NVL-94GB", "H200-141GB",
                          "L4-24GB", "L40S-48GB", "A10G-24GB", "B200-180GB"]
@@ -336,6 +336,14 @@ def duration_or_zero_seconds(text: str) -> int:
     return int(text[:-1]) * {"s": 1, "m": 60, "h": 3600}[text[-1]]
 
 
+class Routing(Model):
+    """How the router spreads this upstream's requests over its replicas (it picks the pod per request)."""
+
+    picker: PickerName | None = Field(None, description="random, round-robin, least-loaded, prefix (approximate "
+                                      "prefix-cache affinity, sticky until saturated) or kv-events (the engines' "
+                                      f"own KV-cache events; renders --kv-events-config); default {DEFAULT_PICKER}")
+
+
 class SecretKeyRef(Model):
     """A key of a Secret in the upstream's namespace (read by name; the value is never logged)."""
 
@@ -411,6 +419,8 @@ class GPUUpstreamSpec(Model):
     """How engine changes roll out"""
     autoscaling: Autoscaling | None = None
     """Self-hosted: replicas follow demand (spec.replicas is then only the count before the first decision)"""
+    routing: Routing | None = None
+    """Self-hosted: how the router picks the replica of each request"""
     # external
     base_url: str | None = Field(None, alias="baseURL")
     """External: the provider's base URL (default: the provider's public API)"""
@@ -457,6 +467,8 @@ class GPUUpstreamSpec(Model):
             raise ValueError(SWAP_MESSAGE)
         if self.model_config_ is not None and self.model_config_from is not None:
             raise ValueError(BOTH_MODEL_CONFIGS)
+        if self.routing is not None and self.routing.picker is not None and not self.self_hosted:
+            raise ValueError(PICKER_EXTERNAL)
         return self
 
 
@@ -464,6 +476,8 @@ BOTH_MODEL_CONFIGS = ("spec.modelConfig and spec.modelConfigFrom are exclusive: 
                       "either inline or as the config.json in a ConfigMap")
 COMPATIBLE_NEEDS_URL = ("spec.baseURL is required when provider is openai-compatible (it has no public "
                         "default): set baseURL: http://host:8000/v1")
+PICKER_EXTERNAL = ("spec.routing.picker applies only to provider vllm (the router picks among its pods); an "
+                   "external provider has no replicas to pick from: remove spec.routing.picker")
 SWAP_MESSAGE = (
     "engine.preemptionMode: swap is not supported: vLLM V1 always preempts by recompute (swap was removed "
     "with the V0 engine); set preemptionMode: recompute or leave it unset"
@@ -486,6 +500,8 @@ CEL_RULES: list[dict[str, str]] = [
      "message": SWAP_MESSAGE, "fieldPath": ".engine.preemptionMode"},
     {"rule": "!has(self.modelConfig) || !has(self.modelConfigFrom)", "message": BOTH_MODEL_CONFIGS,
      "fieldPath": ".modelConfigFrom"},
+    {"rule": "self.provider == 'vllm' || !has(self.routing) || !has(self.routing.picker)",
+     "message": PICKER_EXTERNAL, "fieldPath": ".routing.picker"},
     {"rule": "!has(self.rollout) || !has(self.rollout.maxSurge) || !has(self.rollout.maxUnavailable) "
              "|| self.rollout.maxSurge > 0 || self.rollout.maxUnavailable > 0",
      "message": ROLLOUT_STUCK, "fieldPath": ".rollout"},

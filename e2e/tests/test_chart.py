@@ -42,7 +42,11 @@ def test_chart_lints_and_installs(bin_dir: Path, kubeconfig: Path, api: client.A
         assert {e.name: e.value for e in op.env}["OCULIS_METRICS_PORT"] == "9091"
         assert dep.spec.template.metadata.annotations["prometheus.io/port"] == "9091"
         router = client.AppsV1Api(api).read_namespaced_deployment(f"{release}-router", namespace).spec.template.spec
-        assert router.automount_service_account_token is False
+        # its token is for EndpointSlices only (replica discovery): list and watch, in its namespace
+        assert router.automount_service_account_token is True and router.service_account_name == f"{release}-router"
+        rrole = client.RbacAuthorizationV1Api(api).read_namespaced_role(f"{release}-router", namespace)
+        assert [(r.api_groups, r.resources, r.verbs) for r in rrole.rules] == [
+            (["discovery.k8s.io"], ["endpointslices"], ["list", "watch"])]
         assert router.containers[0].security_context.read_only_root_filesystem is True
         assert router.volumes[0].config_map.name == "oculis-router-config"
         # Rolling restarts drain: the API server accepted the preStop sleep and the grace period.

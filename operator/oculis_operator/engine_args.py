@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from oculis.router import KV_EVENTS_PORT
 from oculis.upstream import Engine, GPUUpstreamSpec
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.20.0"
@@ -29,7 +30,15 @@ FLAGS: list[tuple[str, str, Callable[[Any], str | None]]] = [
 BOOLEAN_FLAGS = {"prefix_caching": "enable-prefix-caching"}
 OWNED = {f for _, f, _ in FLAGS} | {f"--{b}" for b in BOOLEAN_FLAGS.values()} | {
     f"--no-{b}" for b in BOOLEAN_FLAGS.values()} | {"--tensor-parallel-size", "--speculative-config", "--host",
-                                                     "--port", "--served-model-name", "--model"}
+                                                     "--port", "--served-model-name", "--model", "--kv-events-config"}
+# The engine's KV-cache events, published for the router's kv-events picker (oculis_router.kvsub).
+KV_EVENTS_CONFIG = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                               "endpoint": f"tcp://*:{KV_EVENTS_PORT}", "topic": "kv-events"},
+                              sort_keys=True, separators=(",", ":"))
+
+
+def publishes_kv_events(spec: GPUUpstreamSpec) -> bool:
+    return spec.routing is not None and spec.routing.picker == "kv-events"
 
 
 class ExtraArgError(ValueError):
@@ -73,6 +82,8 @@ def build(spec: GPUUpstreamSpec, resolved: dict[str, int], alias: str | None = N
     sc = speculative_config(engine)
     if sc:
         argv.append(f"--speculative-config={sc}")
+    if publishes_kv_events(spec):
+        argv.append(f"--kv-events-config={KV_EVENTS_CONFIG}")
     for i, extra in enumerate(engine.extra_args):
         flag = extra.split("=", 1)[0]
         if flag in OWNED or flag in ("--preemption-mode", "--swap-space"):

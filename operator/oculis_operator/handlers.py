@@ -404,6 +404,9 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
             render_routes_or_recheck(kube, ns, logger)  # readiness and engine hash feed the router config
     for body in out.create:
         kube.create(body)
+    if not external and kube.apply_inference_pool(render.inference_pool(name, ns, meta["uid"]),
+                                                  time.monotonic()) == "applied":
+        logger.info(f"InferencePool {render.workload_name(name)} applied (Gateway API Inference Extension)")
     if out.delete_canary:
         kube.delete_canary(ns, name)
     if out.deployment_patch is not None:

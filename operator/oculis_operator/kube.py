@@ -49,6 +49,8 @@ class Kube:
         self._locks_guard = threading.Lock()
         # A kopf handler's context, so reconciles outside handlers (the recheck loop) can post Events.
         self.event_context: contextvars.Context | None = None
+        self.pools_applied: dict[tuple[str, str], dict[str, Any]] = {}  # InferencePool specs written, by upstream
+        self.no_pool_crd_until = 0.0  # the InferencePool CRD was absent: not asked again before this time
 
     def lock_for(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -149,6 +151,31 @@ class Kube:
         except ApiException as exc:
             if exc.status != 409:  # created meanwhile by a concurrent reconcile: fine
                 raise
+
+    def apply_inference_pool(self, body: dict[str, Any], now: float) -> str:
+        """Create or update the upstream's InferencePool where the cluster has the CRD: "applied",
+        "unchanged" (as last written), or "absent" (no such CRD: skipped, asked again in 5 minutes)."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if self.pools_applied.get(key) == body["spec"]:
+            return "unchanged"
+        if now < self.no_pool_crd_until:
+            return "absent"
+        group, version, plural = render.INFERENCE_POOL
+        self._count()
+        try:
+            self.custom.create_namespaced_custom_object(group, version, meta["namespace"], plural, body)
+        except ApiException as exc:
+            if exc.status == 404:  # the CRD is not installed
+                self.no_pool_crd_until = now + 300
+                return "absent"
+            if exc.status != 409:
+                raise
+            self._count()
+            self.custom.patch_namespaced_custom_object(group, version, meta["namespace"], plural, meta["name"],
+                                                       {"spec": body["spec"]}, _content_type=MERGE)
+        self.pools_applied[key] = body["spec"]
+        return "applied"
 
     def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self._count()

@@ -14,8 +14,9 @@ import math
 from typing import Any
 
 from oculis import gpus
+from oculis.router import KV_EVENTS_PORT
 from oculis.upstream import GPUUpstreamSpec
-from oculis_operator.engine_args import PORT, VLLM_IMAGE
+from oculis_operator.engine_args import PORT, VLLM_IMAGE, publishes_kv_events
 
 ENGINE_HASH = "oculis.dev/engine-hash"
 SPEC_HASH = "oculis.dev/spec-hash"
@@ -78,7 +79,8 @@ def pod_template(name: str, spec: GPUUpstreamSpec, argv: list[str], weights_byte
             "name": "vllm",
             "image": spec.image or VLLM_IMAGE,
             "args": argv,
-            "ports": [{"name": "http", "containerPort": PORT}],
+            "ports": [{"name": "http", "containerPort": PORT}, *(
+                [{"name": "kv-events", "containerPort": KV_EVENTS_PORT}] if publishes_kv_events(spec) else [])],
             "resources": resources,
             # vLLM answers /health only once weights, profiling and graphs are done: never a TCP probe.
             # Started = it generated a token; then /health (cheap) keeps it ready and alive.
@@ -167,6 +169,22 @@ def canary_service(name: str, namespace: str, uid: str) -> dict[str, Any]:
     svc["metadata"].update(name=canary_name(name), labels={**labels(name), TRACK_LABEL: "canary"})
     svc["spec"]["selector"] = canary_selector(name)
     return svc
+
+
+# Gateway API Inference Extension: a pool of model-server pods a Gateway routes to (rendered only where
+# the cluster has the CRD). No endpointPickerRef: the Oculis router picks for its own traffic; an
+# ext_proc picker on the same core (oculis_router.picking) can be named here later.
+INFERENCE_POOL = ("inference.networking.k8s.io", "v1", "inferencepools")
+
+
+def inference_pool(name: str, namespace: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{INFERENCE_POOL[0]}/{INFERENCE_POOL[1]}", "kind": "InferencePool",
+        "metadata": {"name": workload_name(name), "namespace": namespace, "labels": labels(name),
+                     "ownerReferences": [owner_ref(name, uid)]},
+        "spec": {"selector": {"matchLabels": {UPSTREAM_LABEL: name, "app.kubernetes.io/name": "vllm"}},
+                 "targetPorts": [{"number": PORT}]},
+    }
 
 
 def pod_disruption_budget(name: str, namespace: str, uid: str) -> dict[str, Any]:

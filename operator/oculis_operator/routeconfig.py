@@ -132,6 +132,8 @@ def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] 
     if spec["provider"] == "vllm":
         entry["base_url"] = render.endpoint(name, meta["namespace"])
         entry["revision"] = status.get("engineHash") or "pending"
+        if picker := (spec.get("routing") or {}).get("picker"):
+            entry["picker"] = picker
         if (share := canary_share(obj)) is not None:
             entry["canary"] = {"base_url": render.canary_endpoint(name, meta["namespace"]), "percent": share}
         # The router must know, to apply the route's coldStart instead of a doomed connection attempt:

@@ -1,0 +1,65 @@
+"""spec.routing.picker: refused on external providers (pydantic and the CRD's CEL say the same), rendered
+into the router config, and kv-events renders vLLM's --kv-events-config and its port; the InferencePool
+the operator writes where the Gateway API Inference Extension CRD exists."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from oculis import crdgen
+from oculis.router import KV_EVENTS_PORT, RouterConfig
+from oculis.upstream import PICKER_EXTERNAL, GPUUpstreamSpec
+from oculis_operator import engine_args, render
+from oculis_operator.routeconfig import upstream_entry
+
+VLLM: dict[str, Any] = {"provider": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 3,
+                        "gpu": {"product": "H100-80GB", "count": 1}}
+
+
+def test_a_picker_on_an_external_provider_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match=r"spec\.routing\.picker applies only to provider vllm"):
+        GPUUpstreamSpec.model_validate({"provider": "openai", "model": "gpt-4o", "routing": {"picker": "prefix"}})
+    rules = crdgen.gpuupstream_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "x-kubernetes-validations"]
+    assert {"rule": "self.provider == 'vllm' || !has(self.routing) || !has(self.routing.picker)",
+            "message": PICKER_EXTERNAL, "fieldPath": ".routing.picker"} in rules
+
+
+def test_kv_events_renders_the_publisher_and_its_port_other_pickers_do_not() -> None:
+    kv = GPUUpstreamSpec.model_validate({**VLLM, "routing": {"picker": "kv-events"}})
+    argv = engine_args.build(kv, {})
+    flag = next(a for a in argv if a.startswith("--kv-events-config="))
+    cfg = json.loads(flag.split("=", 1)[1])
+    assert cfg == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{KV_EVENTS_PORT}",
+                   "topic": "kv-events"}
+    ports = render.pod_template("llama", kv, argv, 0)["spec"]["containers"][0]["ports"]
+    assert {"name": "kv-events", "containerPort": KV_EVENTS_PORT} in ports
+    plain = GPUUpstreamSpec.model_validate({**VLLM, "routing": {"picker": "prefix"}})
+    assert not any(a.startswith("--kv-events-config") for a in engine_args.build(plain, {}))
+    with pytest.raises(engine_args.ExtraArgError):
+        engine_args.build(GPUUpstreamSpec.model_validate({**VLLM, "engine": {"extraArgs": ["--kv-events-config={}"]}}),
+                          {})
+
+
+def test_the_router_config_carries_the_picker() -> None:
+    obj = {"metadata": {"name": "llama", "namespace": "demo", "generation": 1},
+           "spec": {**VLLM, "routing": {"picker": "least-loaded"}}, "status": {"engineHash": "abc"}}
+    entry, _ = upstream_entry(obj)
+    assert entry["picker"] == "least-loaded"
+    assert RouterConfig.model_validate({"upstreams": [entry]}).upstreams[0].picker_name == "least-loaded"
+    del obj["spec"]["routing"]
+    assert "picker" not in upstream_entry(obj)[0]  # the router's default (prefix)
+
+
+def test_the_inference_pool_selects_the_stable_engine_pods_on_their_port() -> None:
+    pool = render.inference_pool("llama", "demo", "uid-1")
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1" and pool["kind"] == "InferencePool"
+    assert pool["spec"] == {"selector": {"matchLabels": {"oculis.dev/upstream": "llama",
+                                                         "app.kubernetes.io/name": "vllm"}},
+                            "targetPorts": [{"number": engine_args.PORT}]}
+    assert pool["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert pool["spec"]["selector"]["matchLabels"] == render.service("llama", "demo", "u")["spec"]["selector"]
