@@ -15,6 +15,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from oculis.base import Model
 from oculis.gpus import GPU_PRODUCTS
 from oculis.router import DEFAULT_PICKER, NAME_PATTERN, PickerName, Pricing, Provider, Timeouts
+from oculis.vllm_flags import PINNED_VLLM, VLLM_IMAGE, removed_flag_problem, vllm_version
 
 GPUProductName = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H100-PCIe-80GB", "H100-NVL-94GB", "H200-141GB",
                          "L4-24GB", "L40S-48GB", "A10G-24GB", "B200-180GB"]
@@ -167,8 +168,10 @@ class Speculative(Model):
 
     enabled: bool = True
     """Turn speculation on (true) or off without removing the block"""
-    draft_model: str | None = Field(None, description="Draft model (HF id) for draft-model speculation")
-    method: Literal["ngram", "eagle", "eagle3", "mtp"] | None = Field(None, description="Method without a draft model")
+    draft_model: str | None = Field(None, description="Draft model (HF id) for draft-model speculation, or with "
+                                    "method eagle/eagle3 the EAGLE head checkpoint")
+    method: Literal["ngram", "eagle", "eagle3", "mtp"] | None = Field(
+        None, description="ngram and mtp need no draft model; eagle and eagle3 take their head in draftModel")
     num_speculative_tokens: int = Field(4, ge=1, le=16)
     """Tokens proposed per step"""
     acceptance_threshold: float | None = Field(
@@ -178,6 +181,15 @@ class Speculative(Model):
     auto_disable: bool = Field(
         False, description="Turn speculation off (a safe rolling restart, capacity re-planned) when the measured "
         "acceptance stays below acceptanceThreshold for a whole window; on again only when the spec changes")
+
+    @model_validator(mode="after")
+    def _eagle_needs_its_head(self) -> Speculative:
+        # vLLM refuses it at start ("num_speculative_tokens was provided but without speculative model"),
+        # found by its own config check (tests/realengine/test_engine_args.py).
+        if self.method in ("eagle", "eagle3") and not self.draft_model:
+            raise ValueError(f"engine.speculative.method {self.method} needs draftModel: the EAGLE head checkpoint "
+                             "(e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B); vLLM refuses the method without one")
+        return self
 
 
 class Engine(Model):
@@ -189,7 +201,8 @@ class Engine(Model):
     scheduler_policy: Literal["fcfs", "priority"] = "fcfs"
     """fcfs (first come, first served) or priority (requests carry a priority)"""
     preemption_mode: Literal["recompute", "swap"] = Field(
-        "recompute", description="vLLM V1 always recomputes; `swap` is refused at apply time"
+        "recompute", description="vLLM V1 (0.11+) always recomputes and has no flag for it: `recompute` is "
+        "accepted and not rendered, `swap` is refused at apply time"
     )
     gpu_memory_utilization: float = Field(0.92, gt=0, le=1, description="Share of each GPU's memory for vLLM")
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
@@ -464,7 +477,10 @@ class GPUUpstreamSpec(Model):
         if e and e.max_num_seqs and e.max_num_batched_tokens and e.max_num_batched_tokens < e.max_num_seqs:
             raise ValueError("engine.maxNumBatchedTokens must be >= engine.maxNumSeqs (vLLM refuses otherwise)")
         if e and e.preemption_mode == "swap":
-            raise ValueError(SWAP_MESSAGE)
+            v = vllm_version(self.image or VLLM_IMAGE) or PINNED_VLLM
+            raise ValueError(f"{SWAP_MESSAGE} (the engine image {self.image or VLLM_IMAGE} runs vLLM {v[0]}.{v[1]})")
+        if e and (removed := removed_flag_problem(e.extra_args, self.image)):
+            raise ValueError(removed)
         if self.model_config_ is not None and self.model_config_from is not None:
             raise ValueError(BOTH_MODEL_CONFIGS)
         if self.routing is not None and self.routing.picker is not None and not self.self_hosted:

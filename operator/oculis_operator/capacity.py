@@ -18,13 +18,14 @@ sequences of the planned size exceed the cache (a preemption storm: vLLM would k
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from oculis.gpus import GPUProduct
 from oculis.upstream import Engine, ModelConfig, Traffic
+from oculis.vllm_flags import PINNED_VLLM
+from oculis.vllm_flags import vllm_version as vllm_version  # the plan's version comes from the image tag
 
 GiB = 1024**3
 BLOCK = 16  # vLLM's default KV block size in tokens
@@ -55,9 +56,8 @@ WEIGHT_BYTES = {"fp8": 1.0, "int8": 1.0, "awq": _GROUP4, "gptq": _GROUP4,
                 "nvfp4": 0.5 + 1 / 16,  # 4 bits + an fp8 scale per 16
                 "mxfp4": 0.5 + 1 / 32}  # 4 bits + an e8m0 scale per 32
 
-# The vLLM version the plan assumes when the image tag says none: the pinned engine image
-# (oculis_operator.engine_args.VLLM_IMAGE; a test keeps the two equal).
-DEFAULT_VLLM = (0, 20)
+# The vLLM version the plan assumes when the image tag says none: the pinned engine image's.
+DEFAULT_VLLM = PINNED_VLLM
 # Dummy-sampler peak in units of one fp32 logits matrix (rows x vocabulary x 4 B), net of the kept hidden
 # states. Derived from logged `torch peak memory increase`: 0.11 gives 9.57 (Llama-3.1-8B 4.76 GiB),
 # 9.56 (Qwen3-0.6B 5.56 GiB), 9.57 (gpt-oss-20b 7.38 GiB) and 9.64 (Llama-3.3-70B-FP8 TP2 4.84 GiB)
@@ -109,17 +109,6 @@ class Plan:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def vllm_version(image: str | None) -> tuple[int, int] | None:
-    """(major, minor) from an engine image tag such as vllm/vllm-openai:v0.19.1; None when the tag names
-    no version (latest, nightly, a digest only)."""
-    if not image:
-        return None
-    name = image.split("@", 1)[0]
-    tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else ""
-    m = re.match(r"^v?(\d+)\.(\d+)(?:\.\d+)?", tag)
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def vllm_defaults(gpu: GPUProduct, version: tuple[int, int] = DEFAULT_VLLM) -> tuple[int, int]:

