@@ -53,8 +53,12 @@ def bin_dir(kubeconfig: Path) -> Path:
 def crds(kubeconfig: Path, bin_dir: Path) -> None:
     subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), "apply", "--server-side",
                     "--force-conflicts", "-f", str(E2E.parent / "crds")], check=True, capture_output=True)
+    # The Gateway API Inference Extension's InferencePool: the operator renders one per GPUUpstream where it exists.
+    subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), "apply", "--server-side",
+                    "--force-conflicts", "-f", str(E2E / "crds-extra")], check=True, capture_output=True)
     subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), "wait", "--for=condition=Established",
-                    "crd/gpuupstreams.oculis.dev", "--timeout=30s"], check=True, capture_output=True)
+                    "crd/gpuupstreams.oculis.dev", "crd/inferencepools.inference.networking.k8s.io", "--timeout=30s"],
+                   check=True, capture_output=True)
 
 
 @pytest.fixture(scope="session")

@@ -173,3 +173,31 @@ def test_a_replica_refusing_connections_is_set_aside_and_the_request_served_by_a
               if s.name == "oculis_replica_failures_total"]
     assert [s.labels["replica"] for s in failed] == [dead + "/v1"]
     assert failed[0].value == 1  # set aside after one failure: no further request went there
+
+
+def test_a_replica_vanishing_mid_stream_ends_the_stream_with_an_error_event_not_a_hang(tmp_path: Path) -> None:
+    port = _free_from(PORT_BASE + 60, 1)[0]
+    sim = subprocess.Popen([sys.executable, "-m", "oculis_cli.main", "sim", "serve", MODEL, "--gpu", "H100-80GB",
+                            "--host", "127.0.0.1", "--port", str(port)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    proc = None
+    try:
+        eventually(lambda: _healthy(url), timeout=60, what="sim /health")
+        proc, router, _ = start_router(_config(tmp_path, "vanish", [url], "prefix"), tmp_path / "vanish.log")
+        body = {"model": "llama", "max_tokens": 3000, "stream": True, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "tell me a long story"}]}
+        lines: list[str] = []
+        with httpx.stream("POST", router + "/v1/chat/completions", json=body, timeout=30) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                lines.append(line)
+                if len(lines) == 3:
+                    sim.kill()  # the replica vanishes mid-stream
+        assert any("stream_interrupted" in line for line in lines[-3:]), lines[-3:]
+    finally:
+        sim.kill()
+        sim.wait(timeout=10)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)

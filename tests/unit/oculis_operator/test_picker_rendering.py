@@ -63,3 +63,35 @@ def test_the_inference_pool_selects_the_stable_engine_pods_on_their_port() -> No
                             "targetPorts": [{"number": engine_args.PORT}]}
     assert pool["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert pool["spec"]["selector"]["matchLabels"] == render.service("llama", "demo", "u")["spec"]["selector"]
+
+
+class _Custom:
+    def __init__(self, status: int | None) -> None:
+        self.status, self.created, self.patched = status, 0, 0
+
+    def create_namespaced_custom_object(self, *args: Any) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        self.created += 1
+        if self.status is not None:
+            raise ApiException(status=self.status)
+
+    def patch_namespaced_custom_object(self, *args: Any, **kw: Any) -> None:
+        self.patched += 1
+
+
+def test_the_inference_pool_is_skipped_cleanly_without_its_crd_and_written_once_with_it() -> None:
+    from oculis_operator.kube import Kube
+
+    kube = Kube.__new__(Kube)
+    kube.requests, kube.on_request, kube.pools_applied, kube.no_pool_crd_until = 0, None, {}, 0.0
+    kube.custom = _Custom(404)  # type: ignore[assignment]
+    body = render.inference_pool("llama", "demo", "uid-1")
+    assert kube.apply_inference_pool(body, 100.0) == "absent"
+    assert kube.apply_inference_pool(body, 200.0) == "absent" and kube.custom.created == 1  # not asked again
+    kube.custom = _Custom(None)  # type: ignore[assignment]
+    assert kube.apply_inference_pool(body, 500.0) == "applied"  # the CRD was installed meanwhile
+    assert kube.apply_inference_pool(body, 501.0) == "unchanged" and kube.custom.created == 1
+    kube.pools_applied.clear()
+    kube.custom = _Custom(409)  # type: ignore[assignment]
+    assert kube.apply_inference_pool(body, 600.0) == "applied" and kube.custom.patched == 1  # existed: patched
