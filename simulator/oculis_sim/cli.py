@@ -15,11 +15,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from oculis_cli.inputs import InputError, port_number
 from oculis_cli.serve import bind_problem
 from oculis_sim import config, vllm_flags
+
+if TYPE_CHECKING:
+    from oculis_sim.workload import Workload
 
 BAD_INPUT = 2
 
@@ -120,6 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(r)
     r.add_argument("--workload", type=Path, required=True, metavar="FILE", help="YAML/JSON workload")
     r.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    f = sub.add_parser("fleet", help="a workload through N simulated engines behind the router's replica picker")
+    add_engine_flags(f)
+    f.add_argument("--replicas", type=int, default=4, metavar="N", help="engines of the same settings (default 4)")
+    f.add_argument("--picker", default="prefix", metavar="NAME",
+                   help="random, round-robin, least-loaded, prefix or kv-events; a comma-separated list runs each "
+                   "on the same workload and prints them side by side")
+    f.add_argument("--scrape-interval", type=float, default=1.0, metavar="S",
+                   help="seconds between the router's reads of the engines' gauges (default 1)")
+    f.add_argument("--workload", type=Path, required=True, metavar="FILE", help="YAML/JSON workload")
+    f.add_argument("-o", "--output", choices=["text", "json"], default="text")
     s = sub.add_parser("serve", help="an OpenAI-compatible server backed by the simulated engine")
     add_engine_flags(s)
     s.add_argument("--host", default="127.0.0.1")
@@ -151,16 +164,22 @@ def _text(res: object, s: config.Settings) -> str:
     return "\n".join(lines)
 
 
-def run_replay(args: argparse.Namespace) -> int:
-    from oculis_sim import replay, workload
+def load_workload(path: Path) -> Workload:
+    from oculis_sim import workload
 
-    s = settings_from(args)
     try:
-        wl = workload.load(args.workload)
+        return workload.load(path)
     except InputError as exc:  # already names --workload and the file
         raise config.SimConfigError(str(exc)) from None
     except workload.WorkloadError as exc:
-        raise config.SimConfigError(f"--workload {args.workload}: {exc}") from None
+        raise config.SimConfigError(f"--workload {path}: {exc}") from None
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from oculis_sim import replay
+
+    s = settings_from(args)
+    wl = load_workload(args.workload)
     res = replay.run(s, wl)
     if args.output == "json":
         print(json.dumps(res.summary, indent=2))
@@ -223,6 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.sim_command == "replay":
             return run_replay(args)
+        if args.sim_command == "fleet":
+            from oculis_sim.fleetcli import run_fleet
+
+            return run_fleet(args, settings_from, load_workload)
         return run_serve(args, ignored)
     except config.SimConfigError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -21,8 +21,6 @@ from oculis_sim.engine import EngineCore
 from oculis_sim.scheduler import Request
 from oculis_sim.workload import Workload
 
-SHARED = "shared-prefix"
-
 
 def stats_ms(values: np.ndarray) -> dict[str, float]:
     if len(values) == 0:
@@ -59,21 +57,7 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     core = EngineCore(settings)
     n = len(wl)
     block = settings.block_size
-    prefix_blocks = wl.shared_prefix_tokens // block
-    # One prefix per group (a system prompt); the whole workload is one group unless it names several. A
-    # workload of fixed prompts (prompt_ids) repeats whole prompts: their own blocks are cacheable too.
-    groups = wl.prefix_groups.tolist() if wl.prefix_groups is not None else None
-    ids = wl.prompt_ids.tolist() if wl.prompt_ids is not None else None
-    known: dict[tuple[int, int], tuple[object | None, ...]] = {}
-
-    def hashes_of(i: int) -> tuple[object | None, ...]:
-        g = groups[i] if groups is not None else 0
-        p = ids[i] if ids is not None else -1
-        key = (g, p)
-        if key not in known:
-            whole = prompts[i] // block if p >= 0 else prefix_blocks
-            known[key] = tuple((SHARED, g, b) if b < prefix_blocks else (SHARED, g, p, b) for b in range(whole))
-        return known[key]
+    hashes_of = wl.block_keys(block)  # a group's prefix, then a fixed prompt's or conversation's own blocks
 
     api = core.cost.api_s
     lag = core.cost.per_token_s

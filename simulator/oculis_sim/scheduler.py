@@ -69,6 +69,7 @@ class BlockPool:
         self.private = 0
         self.refs: dict[object, int] = {}  # cached block hash -> requests referencing it
         self.evictable: dict[object, None] = {}  # cached, unreferenced, oldest first (dicts keep order)
+        self.log: list[tuple[bool, object]] | None = None  # a list: (stored?, hash) as blocks enter/leave the cache
 
     @property
     def free(self) -> int:
@@ -89,6 +90,8 @@ class BlockPool:
             h = next(iter(self.evictable))
             del self.evictable[h]
             del self.refs[h]
+            if self.log is not None:
+                self.log.append((False, h))
         self.private += n
         return True
 
@@ -104,6 +107,8 @@ class BlockPool:
             self.refs[h] = n
         elif drop:
             del self.refs[h]
+            if self.log is not None:
+                self.log.append((False, h))
         else:
             self.refs[h] = 0
             self.evictable[h] = None
@@ -166,8 +171,20 @@ class Scheduler:
         req.blocks = 0
         # Tail blocks first (vLLM frees a request's blocks in reverse order): eviction, oldest freed first,
         # then takes a prompt's tail before its head, so a shared prefix outlives the questions behind it.
-        for h in reversed(req.shared):
-            pool.unref(h, drop=preempted)
+        refs = pool.refs
+        evictable = pool.evictable
+        log = pool.log
+        for h in reversed(req.shared):  # BlockPool.unref inlined (the hot loop of long prompts)
+            n = refs[h] - 1
+            if n > 0:
+                refs[h] = n
+            elif preempted:
+                del refs[h]
+                if log is not None:
+                    log.append((False, h))
+            else:
+                refs[h] = 0
+                evictable[h] = None
         req.shared = []
         req.cached_upto = 0
 
@@ -244,15 +261,19 @@ class Scheduler:
 
     def _lookup(self, req: Request) -> int:
         """Reference the leading cached blocks of the prompt; returns how many (vLLM computes >= 1 token)."""
-        pool = self.pool
+        refs = self.pool.refs
+        evictable = self.pool.evictable
         limit = (req.num_tokens - 1) // self.block
-        hits = 0
-        for h in req.hashes[:limit]:
-            if h is None or h not in pool.refs:
+        shared = req.shared
+        for h in req.hashes[:limit]:  # BlockPool.ref inlined: a long prompt makes this the fleet's hot loop
+            n = refs.get(h) if h is not None else None
+            if n is None:
                 break
-            pool.ref(h)
-            req.shared.append(h)
-            hits += 1
+            if n == 0:
+                del evictable[h]
+            refs[h] = n + 1
+            shared.append(h)
+        hits = len(shared)
         req.num_computed = hits * self.block
         req.cached_upto = hits
         return hits
@@ -275,6 +296,8 @@ class Scheduler:
                 i = len(req.hashes)  # the rest stays private
                 break
             pool.refs[h] = 1  # the block changes hands: private -> cached
+            if pool.log is not None:
+                pool.log.append((True, h))
             pool.private -= 1
             req.shared.append(h)
             req.blocks -= 1

@@ -10,6 +10,9 @@ YAML or JSON:
     prompts_per_group: 5                     # optional: each group has this many fixed prompts that requests
                                              # repeat whole (inference-perf's shared_prefix data): the prompt
                                              # after the prefix is cacheable too; lengths drawn once per prompt
+    prefix_groups: {count: 150, tokens: 6000, users_per_group: 5, multi_turn: false}
+                                             # the same three as one mapping (oculis_sim.prefixgroups); with
+                                             # multi_turn each user's requests continue one conversation
     stages: [{rate: 10, seconds: 3600}]      # Poisson arrivals per stage; {rate: 10, requests: N}: exactly N;
                                              # {rate: inf, requests: N} sends N at once
     burstiness: 1.0                          # gamma shape of the gaps, as vLLM's benchmark (1 = Poisson)
@@ -22,6 +25,7 @@ then the stages' arrival process, or all at once without stages).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,9 @@ from typing import Any
 import numpy as np
 
 from oculis_measure.inputs import load_yaml, read_text
+from oculis_sim import prefixgroups
+
+SHARED = "shared-prefix"
 
 
 class WorkloadError(ValueError):
@@ -47,6 +54,29 @@ class Workload:
 
     def __len__(self) -> int:
         return len(self.arrivals)
+
+    def block_keys(self, block: int) -> Callable[[int], tuple[object, ...]]:
+        """Request i's prompt blocks as the prefix cache keys them: its group's prefix blocks, then (for a
+        fixed prompt or a conversation) that prompt's own blocks by position; blocks nobody else has are
+        left off. One tuple per distinct (group, prompt, length), shared by the requests that repeat it."""
+        prefix_blocks = self.shared_prefix_tokens // block
+        groups = self.prefix_groups.tolist() if self.prefix_groups is not None else None
+        ids = self.prompt_ids.tolist() if self.prompt_ids is not None else None
+        prompts = self.prompt_tokens.tolist()
+        known: dict[tuple[int, int, int], tuple[object, ...]] = {}
+
+        def keys(i: int) -> tuple[object, ...]:
+            g = groups[i] if groups is not None else 0
+            p = ids[i] if ids is not None else -1
+            whole = prompts[i] // block if p >= 0 else min(prefix_blocks, prompts[i] // block)
+            key = (g, p, whole)
+            got = known.get(key)
+            if got is None:
+                got = known[key] = tuple((SHARED, g, b) if b < prefix_blocks else (SHARED, g, p, b)
+                                         for b in range(whole))
+            return got
+
+        return keys
 
 
 def _number(where: str, value: Any, lo: float = 0) -> float:
@@ -142,8 +172,21 @@ def parse(data: Any) -> Workload:
     if conc is not None and (not isinstance(conc, int) or conc < 1):
         raise WorkloadError(f"max_concurrency: {conc!r} must be a positive integer")
     n_groups = data.get("prefix_groups", 1)
+    multi_turn = False
+    if isinstance(n_groups, dict):  # {count, tokens, users_per_group, multi_turn}: the three keys in one
+        clash = sorted({"shared_prefix_tokens", "prompts_per_group", "requests"} & set(data))
+        if clash:
+            raise WorkloadError(f"prefix_groups: a mapping sets the prefix itself; drop {clash[0]}")
+        try:
+            pg = prefixgroups.parse(n_groups)
+        except prefixgroups.PrefixGroupError as exc:
+            raise WorkloadError(str(exc)) from None
+        n_groups, shared, multi_turn = pg.count, pg.tokens, pg.multi_turn
+        if pg.users_per_group:
+            data = {**data, "prompts_per_group": pg.users_per_group}
     if isinstance(n_groups, bool) or not isinstance(n_groups, int) or n_groups < 1:
-        raise WorkloadError(f"prefix_groups: {n_groups!r} must be a positive integer (how many distinct prefixes)")
+        raise WorkloadError(f"prefix_groups: {n_groups!r} must be a positive integer (how many distinct prefixes) "
+                            "or a mapping {count, tokens, users_per_group, multi_turn}")
 
     per_group = data.get("prompts_per_group")
     if per_group is not None and (isinstance(per_group, bool) or not isinstance(per_group, int) or per_group < 1):
@@ -176,6 +219,12 @@ def parse(data: Any) -> Workload:
             raise WorkloadError(f"{key}: missing (or give explicit `requests`)")
     arrivals = _arrivals(data["stages"], burst, rng)
     n = len(arrivals)
+    if multi_turn and per_group is not None:  # each request continues its user's conversation
+        pick = rng.integers(0, n_groups * per_group, n)
+        questions = _draw("prompt_tokens", data["prompt_tokens"], n, rng)
+        outputs = _draw("output_tokens", data["output_tokens"], n, rng)
+        prompts = prefixgroups.conversations(shared, pick, questions, outputs)
+        return Workload(arrivals, prompts, outputs, shared, conc, pick // per_group, pick)
     if per_group is not None:  # a fixed set of prompts, each request one of them (clients as inference-perf's)
         pick = rng.integers(0, n_groups * per_group, n)
         prompts = _draw("prompt_tokens", data["prompt_tokens"], n_groups * per_group, rng)[pick]

@@ -38,6 +38,10 @@ Strategy = Literal["random", "round-robin", "least-loaded", "prefix", "kv-events
 Reason = Literal["prefix", "load", "fallback", "random", "round-robin"]
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 PREFIX_STRATEGIES: tuple[Strategy, ...] = ("prefix", "kv-events")
+# Prefill seconds per token over KV-read seconds per context token per step, when the replica's step-time
+# model is not given: Llama-3.1-8B on an H100 in the simulator's model (Qwen3-32B TP2 H100 ~940, 70B TP4
+# ~1,640, 8B A100 ~1,010, 8B L40S ~390).
+DEFAULT_PREFILL_RATIO = 442.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,10 @@ class ReplicaState:
     max_num_seqs: int | None = None
     ready: bool = True
     draining: bool = False  # terminating or NotReady: no new requests, in-flight ones finish
+    # (added after the first release: keep these last so positional construction stays valid)
+    context_tokens: int = 0  # prompt + expected output tokens of the router's in-flight requests: what decode reads
+    prefill_token_s: float | None = None  # step-time model: seconds of prefill compute per uncached token
+    context_token_s: float | None = None  # seconds one decode step spends reading one context token (KV)
 
     @property
     def eligible(self) -> bool:
@@ -101,6 +109,7 @@ class Picker:
         self.index = KVIndex(block_size)
         self.turn = 0
         self.mean_uncached = 0.0  # running mean of uncached prompt tokens per pick (what a waiting request costs)
+        self.mean_context = 0.0  # running mean of prompt + expected output per pick (what a running request reads)
         self.picks = 0
 
     # ---- inputs besides the pick -------------------------------------------------------------------
@@ -163,24 +172,37 @@ class Picker:
         """Prefill work ahead of a new request on r, in tokens."""
         return max(float(r.queued_tokens), r.waiting * self.mean_uncached)
 
+    def cost(self, r: ReplicaState, uncached: int, req: PickRequest) -> float:
+        """What sending `req` to r adds to the fleet's time, in decode-step context-token reads.
+
+        prefill: this request's uncached tokens, run after the prefill queued there, stall every request
+            running on r for as long (the step that prefills them is long for all of them);
+        decode: for its expected output this request reads r's context each step, and every request running
+            there reads this one's.
+        One prefill token costs `prefill_token_s / context_token_s` context-token reads: the replica's own
+        step-time model (compute-bound prefill vs bandwidth-bound KV reads), 400-1,600 across models and GPUs."""
+        p, d = r.prefill_token_s, r.context_token_s
+        ratio = p / d if p and d else DEFAULT_PREFILL_RATIO
+        out = req.expected_output_tokens
+        busy = r.requests
+        ctx = max(float(r.context_tokens), r.running * self.mean_context)
+        prefill = ratio * (self.queue_tokens(r) + uncached * (1.0 + busy))
+        decode = out * (ctx + (req.prompt_tokens + out / 2) * busy)
+        return prefill + decode
+
     def _by_prefix(self, req: PickRequest, cands: list[ReplicaState]) -> tuple[ReplicaState, Reason, int]:
         hits, fallback = self.matches(req, cands)
         bs = self.block_size
-        best: tuple[float, float, float] | None = None
+        best: tuple[bool, float, float] | None = None
         chosen: list[ReplicaState] = []
         for r in cands:
             hit_tokens = min(hits.get(r.id, 0) * bs, max(req.prompt_tokens - 1, 0))
             uncached = req.prompt_tokens - hit_tokens
-            if self.saturated(r, uncached, req):
-                continue
-            key = (self.queue_tokens(r) + uncached, r.requests, r.kv_usage)
+            key = (self.saturated(r, uncached, req), self.cost(r, uncached, req), r.requests)
             if best is None or key < best:
                 best, chosen = key, [r]
             elif key == best:
                 chosen.append(r)
-        if not chosen:  # every replica is full: the least loaded one queues it shortest
-            r = self._least_loaded(cands)
-            return r, "load", hits.get(r.id, 0)
         r = chosen[0] if len(chosen) == 1 else self.rng.choice(chosen)
         hit = hits.get(r.id, 0)
         if hit == 0 or hit < max(hits.get(c.id, 0) for c in cands):
@@ -193,6 +215,8 @@ class Picker:
         uncached = max(req.prompt_tokens - hit * self.block_size, 1)
         self.picks += 1
         self.mean_uncached += (uncached - self.mean_uncached) / min(self.picks, 1000)
+        context = req.prompt_tokens + req.expected_output_tokens
+        self.mean_context += (context - self.mean_context) / min(self.picks, 1000)
         if self.strategy in PREFIX_STRATEGIES and req.block_hashes:
             cap = None if r.kv_tokens is None else r.kv_tokens // self.block_size
             self.memory.remember(r.id, req.block_hashes, cap)

@@ -103,8 +103,10 @@ def test_saturation_switches_to_load() -> None:
     # prefill queued ahead on a outweighs the 16 tokens the hit saves: load decides
     assert pick(ReplicaState("a", block_size=BS, queued_tokens=17), b) == ("b", "load")
     assert pick(ReplicaState("a", block_size=BS, queued_tokens=15), b) == ("a", "prefix")
-    # everything saturated: the least loaded
+    # everything saturated: the cost alone decides; prefill queued ahead of the prefix holder sends it elsewhere
     assert pick(ReplicaState("a", block_size=BS, max_num_seqs=1, in_flight=3),
+                ReplicaState("b", block_size=BS, max_num_seqs=1, in_flight=2)) == ("a", "prefix")
+    assert pick(ReplicaState("a", block_size=BS, max_num_seqs=1, in_flight=3, queued_tokens=100),
                 ReplicaState("b", block_size=BS, max_num_seqs=1, in_flight=2)) == ("b", "load")
 
 

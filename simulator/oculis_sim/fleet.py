@@ -1,0 +1,330 @@
+"""`oculis sim fleet`: a workload through N simulated engines and the router's picker, in virtual time.
+
+Each replica is the replay's engine core (V1 scheduler, prefix cache with LRU eviction, step times); the
+picker is the router's own (`oculis_router.picking`), fed what a router would see: its own in-flight count
+per replica (and the tokens it estimates those requests hold and have yet to prefill), the engines'
+`num_requests_waiting`, `num_requests_running` and `kv_cache_usage_perc` as of the last scrape
+(`scrape_interval`), KV capacity and block size (`cache_config_info`), and, for `kv-events`, each engine's
+BlockStored/BlockRemoved events as of the end of the step that caused them. The router does not know a
+request's output length: it expects the mean of the outputs it has seen so far.
+
+Event-driven: the clock jumps from one event (an arrival, a request reaching its engine after the API
+server's delay, a step's end, a scrape) to the next, so idle time costs nothing. Figures are the
+client's, as `sim replay` gives them; `per_replica` says how the picker spread the work.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from oculis_router.picking import BlockRemoved, BlockStored, EventBatch, Picker, PickRequest, ReplicaState, Strategy
+from oculis_sim import decoderun
+from oculis_sim.config import Settings
+from oculis_sim.engine import EngineCore, StepResult
+from oculis_sim.replay import stats_ms
+from oculis_sim.scheduler import Request
+from oculis_sim.workload import Workload
+
+_STEP, _ENTER, _SCRAPE = 0, 1, 2
+_UNIQUE = 1 << 50  # picker-side keys for blocks nobody shares (the engine keys them None), consecutive from here
+
+
+class _Replica:
+    __slots__ = ("busy", "context", "core", "gen", "id", "in_flight", "in_flight_tokens", "kv", "queued_tokens",
+                 "requests", "res", "run", "running", "waiting")
+
+    def __init__(self, rid: str, core: EngineCore) -> None:
+        self.id = rid
+        self.core = core
+        self.busy = False
+        self.res: StepResult | None = None  # the step whose end is pending (None: nothing left to report)
+        self.run: decoderun.DecodeRun | None = None  # a pure-decode run in progress
+        self.gen = 0  # bumps when a pending step-end event is superseded
+        self.in_flight = 0
+        self.in_flight_tokens = 0
+        self.queued_tokens = 0
+        self.context = 0
+        self.requests = 0
+        self.waiting = 0.0  # as last scraped
+        self.running = 0.0
+        self.kv = 0.0
+
+
+class _Rec:
+    __slots__ = ("context", "first", "last", "need", "replica", "send", "uncached")
+
+    def __init__(self, send: float, replica: _Replica, need: int, uncached: int, context: int) -> None:
+        self.send = send
+        self.replica = replica
+        self.need = need
+        self.uncached = uncached
+        self.context = context
+        self.first = -1.0
+        self.last = -1.0
+
+
+@dataclass
+class FleetResult:
+    summary: dict[str, Any]  # exactly the `-o json` keys
+    refused: int
+
+
+def weighted_stats_ms(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+    """stats_ms over values each counted `weights` times (a decode run's gaps are one value per step,
+    shared by the whole batch)."""
+    if len(values) == 0 or weights.sum() == 0:
+        return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+    order = np.argsort(values, kind="stable")
+    v = values[order] * 1000.0
+    cw = np.cumsum(weights[order])
+    total = cw[-1]
+    pct = [v[min(int(np.searchsorted(cw, q * total, side="left")), len(v) - 1)] for q in (0.5, 0.9, 0.99)]
+    mean = float((v * weights[order]).sum() / total)
+    return {"mean": round(mean, 3), "p50": round(float(pct[0]), 3), "p90": round(float(pct[1]), 3),
+            "p99": round(float(pct[2]), 3)}
+
+
+def token_costs(core: EngineCore) -> tuple[float, float]:
+    """The replica's marginal step-time costs, read off its own step-time model: seconds per prefilled token
+    (a long prefill, compute-bound) and per context token a decode step reads (a large batch)."""
+    step = core.cost.step_seconds
+
+    def prefill(n: int) -> float:
+        return step(n, n * n / 2, 0, 0.0, 0, 1)
+
+    def decode(c: int, b: int = 64) -> float:
+        return step(0, 0.0, b, b * (c + 0.5), b * c, b)
+
+    return (prefill(8192) - prefill(4096)) / 4096, (decode(8192) - decode(4096)) / (64 * 4096)
+
+
+def _events(log: list[tuple[bool, object]], ts: float, block: int) -> EventBatch:
+    """The step's cache changes as vLLM batches them: runs of BlockStored / BlockRemoved, in order."""
+    out: list[BlockStored | BlockRemoved] = []
+    run: list[object] = []
+    kind = log[0][0]
+    for stored, h in log:
+        if stored != kind:
+            out.append(BlockStored(tuple(run), None, (), block) if kind else BlockRemoved(tuple(run)))  # type: ignore[arg-type]
+            run, kind = [], stored
+        run.append(h)
+    out.append(BlockStored(tuple(run), None, (), block) if kind else BlockRemoved(tuple(run)))  # type: ignore[arg-type]
+    return EventBatch(ts, tuple(out))
+
+
+def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, scrape_interval: float = 1.0,
+        seed: int = 0, decode_runs: bool = True) -> FleetResult:
+    """decode_runs=False steps every engine one step at a time (the reference the fast path must equal)."""
+    block = settings.block_size
+    picker = Picker(strategy, seed=seed, block_size=block)
+    fleet = [_Replica(f"replica-{k}", EngineCore(settings)) for k in range(replicas)]
+    events = strategy == "kv-events"
+    if events:
+        for r in fleet:
+            r.core.scheduler.pool.log = []
+    keys = wl.block_keys(block)
+    unique = _UNIQUE
+    cost = fleet[0].core.cost
+    api, lag, finish = cost.api_s, cost.per_token_s, cost.finish_s
+    limit = settings.max_model_len
+    kv_blocks = settings.num_blocks
+    seqs = settings.max_num_seqs
+    prefill_s, context_s = token_costs(fleet[0].core)
+    arrivals = wl.arrivals.tolist()
+    prompts = wl.prompt_tokens.tolist()
+    outputs = wl.output_tokens.tolist()
+    n = len(arrivals)
+    recs: list[_Rec | None] = [None] * n
+    heap: list[tuple[float, int, int, Any]] = []
+    seq = 0
+    ttft = array("d")
+    itl = array("d")
+    itl_w = array("d")
+    e2e = array("d")
+    out_tokens = 0
+    refused = 0
+    last_done = 0.0
+    mean_out = 0.0
+    done_n = 0
+
+    def push(t: float, kind: int, payload: Any) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(heap, (t, seq, kind, payload))
+
+    def start(r: _Replica, t: float) -> None:
+        r.busy = True
+        r.gen += 1
+        k = decoderun.max_steps(r.core) if decode_runs else 0
+        if k:
+            run_ = decoderun.DecodeRun(r.core, t, k, next_scrape)
+            r.run, r.res = run_, None
+            push(run_.ends[-1], _STEP, (r, r.gen))
+            return
+        res = r.core.step(t)
+        if not res.plan.scheduled:  # cannot happen while max_model_len fits the cache; never spin on it
+            raise RuntimeError("engine made no progress: a request needs more KV blocks than exist")
+        r.res = res
+        push(res.end, _STEP, (r, r.gen))
+
+    def settle(r: _Replica, t: float) -> float:
+        """Apply a decode run up to the step in progress at t; returns when that step ends."""
+        nonlocal out_tokens
+        run_ = r.run
+        assert run_ is not None
+        j = run_.in_progress(t) + 1
+        run_.apply(j)
+        r.run = None
+        gap = array("d", (d + lag for d in run_.durations[:j]))
+        itl.extend(gap)
+        itl_w.extend(array("d", [float(run_.batch)]) * j)
+        end = run_.ends[j - 1]
+        for req in run_.reqs:
+            rec = recs[req.rid]
+            assert rec is not None
+            rec.last = end + lag * req.num_output
+        out_tokens += j * run_.batch
+        if events:
+            log = r.core.scheduler.pool.log
+            if log:
+                picker.apply_events(r.id, _events(log, t, block))
+                log.clear()
+        return end
+
+    def states() -> list[ReplicaState]:
+        return [ReplicaState(r.id, in_flight=r.in_flight, in_flight_tokens=r.in_flight_tokens,
+                             queued_tokens=r.queued_tokens, waiting=r.waiting, running=r.running, kv_usage=r.kv,
+                             context_tokens=r.context, kv_blocks=kv_blocks, block_size=block, max_num_seqs=seqs,
+                             prefill_token_s=prefill_s, context_token_s=context_s) for r in fleet]
+
+    next_scrape = float(arrivals[0]) if n else 0.0
+    if n:
+        push(next_scrape, _SCRAPE, None)
+    i = 0
+    while i < n or heap:
+        if i < n and (not heap or arrivals[i] <= heap[0][0]):
+            t = float(arrivals[i])
+            p, o = prompts[i], outputs[i]
+            if p + o > limit:  # vLLM answers 400 before the engine sees it
+                refused += 1
+                i += 1
+                continue
+            ek = keys(i)
+            hashes: tuple[object, ...] = ek
+            rest = p // block - len(ek)
+            if rest > 0:  # the router hashes unique content too (it costs it memory, never a hit)
+                hashes = ek + tuple(range(unique, unique + rest))
+                unique += rest
+            expect = round(mean_out)
+            pick = picker.pick(PickRequest(hashes, p, expect), states())
+            assert pick is not None  # every simulated replica is ready
+            r = fleet[int(pick.replica.rsplit("-", 1)[1])]
+            uncached = max(p - pick.cached_blocks * block, 1)
+            need = uncached + expect
+            r.in_flight += 1
+            r.in_flight_tokens += need
+            r.queued_tokens += uncached
+            r.context += p + expect
+            r.requests += 1
+            recs[i] = _Rec(t, r, need, uncached, p + expect)
+            push(t + api, _ENTER, (r, Request(i, p, o, t, ek)))
+            i += 1
+            continue
+        t, _, kind, payload = heapq.heappop(heap)
+        if kind == _ENTER:
+            r, req = payload
+            if r.run is not None:  # the engine plans it once the step running now has ended
+                end = settle(r, t)
+                r.gen += 1
+                push(end, _STEP, (r, r.gen))
+            r.core.add(req, t)
+            if not r.busy:
+                start(r, t)
+        elif kind == _STEP:
+            r, gen = payload
+            if gen != r.gen:
+                continue
+            if r.run is not None:
+                settle(r, t)
+            res = r.res
+            r.res = None
+            for req, k in res.emitted if res is not None else ():
+                rec = recs[req.rid]
+                assert rec is not None
+                vis = t + lag * req.num_output
+                if rec.first < 0:
+                    rec.first = vis
+                    ttft.append(vis - rec.send)
+                    r.queued_tokens -= rec.uncached
+                else:
+                    itl.append(vis - rec.last)
+                    itl_w.append(1.0)
+                rec.last = vis
+                out_tokens += k
+            for req in res.finished if res is not None else ():
+                rec = recs[req.rid]
+                assert rec is not None
+                done = rec.last + finish
+                e2e.append(done - rec.send)
+                last_done = max(last_done, done)
+                r.in_flight -= 1
+                r.in_flight_tokens -= rec.need
+                r.context -= rec.context
+                done_n += 1
+                mean_out += (req.num_output - mean_out) / min(done_n, 1000)
+            if events:
+                log = r.core.scheduler.pool.log
+                if log:
+                    picker.apply_events(r.id, _events(log, t, block))
+                    log.clear()
+            if r.core.has_work():
+                start(r, t)
+            else:
+                r.busy = False
+        else:  # a scrape: the gauges the router reads until the next one
+            for r in fleet:
+                if r.run is not None:
+                    end = settle(r, t)
+                    r.gen += 1
+                    push(end, _STEP, (r, r.gen))
+                sched = r.core.scheduler
+                r.waiting = float(len(sched.waiting))
+                r.running = float(len(sched.running))
+                r.kv = sched.usage()
+            if i < n or any(r.busy for r in fleet):
+                next_scrape = t + scrape_interval
+                push(next_scrape, _SCRAPE, None)
+            else:
+                next_scrape = float("inf")
+    start_t = float(arrivals[0]) if n else 0.0
+    duration = max(last_done - start_t, 1e-9)
+    q = sum(r.core.counters.prefix_queries for r in fleet)
+    h = sum(r.core.counters.prefix_hits for r in fleet)
+    per = []
+    for r in fleet:
+        c = r.core.counters
+        per.append({"replica": r.id, "requests": r.requests,
+                    "prefix_hit_share": round(c.prefix_hits / c.prefix_queries, 4) if c.prefix_queries else 0.0,
+                    "peak_kv_usage": round(c.peak_kv_usage, 4), "preemptions": c.preemptions})
+    counts = [r.requests for r in fleet]
+    mean_count = sum(counts) / len(counts) if counts else 0.0
+    summary = {
+        "picker": strategy,
+        "replicas": replicas,
+        "ttft_ms": stats_ms(np.frombuffer(ttft, dtype=np.float64)),
+        "itl_ms": weighted_stats_ms(np.frombuffer(itl, dtype=np.float64), np.frombuffer(itl_w, dtype=np.float64)),
+        "e2e_ms": stats_ms(np.frombuffer(e2e, dtype=np.float64)),
+        "output_tokens_per_s": round(out_tokens / duration, 2),
+        "requests_per_s": round(len(e2e) / duration, 4),
+        "requests": len(e2e),
+        "prefix_hit_share": round(h / q, 4) if q else 0.0,
+        "load_spread": round(max(counts) / mean_count, 3) if mean_count else 0.0,
+        "preemptions": sum(r.core.counters.preemptions for r in fleet),
+        "per_replica": per,
+    }
+    return FleetResult(summary, refused)

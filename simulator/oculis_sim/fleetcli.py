@@ -1,0 +1,67 @@
+"""`oculis sim fleet`'s shell: flags in, `fleet.run` per picker, a side-by-side table or JSON out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+from oculis_router.picking import STRATEGIES, Strategy
+from oculis_sim import config
+from oculis_sim.workload import Workload
+
+
+def pickers(raw: str) -> list[Strategy]:
+    names = [p.strip() for p in raw.split(",") if p.strip()]
+    for name in names:
+        if name not in STRATEGIES:
+            raise config.SimConfigError(f"--picker {name!r}: not a picker; use one of {', '.join(STRATEGIES)} "
+                                        "(or a comma-separated list of them)")
+    if not names:
+        raise config.SimConfigError(f"--picker {raw!r}: empty; use one of {', '.join(STRATEGIES)}")
+    return cast(list[Strategy], names)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """One line per picker: TTFT p50/p90/p99, ITL p50, output tok/s, prefix hit share, load spread."""
+    head = (f"{'picker':13}{'TTFT p50':>10}{'p90':>10}{'p99':>10}{'ITL p50':>9}{'E2E p90':>10}{'out tok/s':>11}"
+            f"{'prefix hit':>11}{'spread':>8}{'preempt':>9}")
+    lines = [head + "   (ms)"]
+    for sm in rows:
+        t = sm["ttft_ms"]
+        lines.append(f"{sm['picker']:13}{t['p50']:10.1f}{t['p90']:10.1f}{t['p99']:10.1f}{sm['itl_ms']['p50']:9.1f}"
+                     f"{sm['e2e_ms']['p90']:10.1f}{sm['output_tokens_per_s']:11.1f}{sm['prefix_hit_share']:11.1%}"
+                     f"{sm['load_spread']:8.2f}{sm['preemptions']:9d}")
+    return "\n".join(lines)
+
+
+def run_fleet(args: argparse.Namespace, settings_from: Callable[[argparse.Namespace], config.Settings],
+              load_workload: Callable[[Path], Workload]) -> int:
+    from oculis_sim import fleet
+
+    names = pickers(args.picker)
+    if args.replicas < 1:
+        raise config.SimConfigError(f"--replicas {args.replicas}: must be a positive integer")
+    if not args.scrape_interval > 0:
+        raise config.SimConfigError(f"--scrape-interval {args.scrape_interval}: must be a positive number of seconds")
+    s = settings_from(args)
+    wl = load_workload(args.workload)
+    results = [fleet.run(s, wl, args.replicas, name, scrape_interval=args.scrape_interval, seed=args.seed)
+               for name in names]
+    rows = [r.summary for r in results]
+    where = (f"{s.model_name} on {s.gpu.key} x{s.tp}, {args.replicas} replicas of {s.kv_cache_tokens:,} KV tokens, "
+             f"max_num_seqs {s.max_num_seqs}")
+    if args.output == "json":
+        print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
+        print(f"oculis sim fleet: simulated figures (oculis-simulator), not measurements; {where}", file=sys.stderr)
+    else:
+        print(f"SIMULATED (oculis-simulator, not measured): {where}; workload {args.workload} "
+              f"({len(wl)} requests)")
+        print(table(rows))
+        refused = results[0].refused
+        if refused:
+            print(f"  {refused} requests refused: longer than max_model_len")
+    return 0
