@@ -94,10 +94,25 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
                    track="canary" if labels.get(TRACK_LABEL) == "canary" else "stable")
 
 
-def sim_argv(oculis: str, pod: PodView, port: int, gpu: str | None) -> list[str]:
-    """The pod's own argv, then the overrides: argparse keeps the last --host/--port."""
+def kv_events_override(pod: PodView, port: int) -> str | None:
+    """A pod that publishes KV events (--kv-events-config, the kv-events picker) publishes them here on
+    127.0.0.1:`port` instead of its pod port (every pod has the same one); None when it does not."""
+    rendered = next((a.split("=", 1)[1] for a in pod.args if a.startswith("--kv-events-config=")), None)
+    if rendered is None:
+        return None
+    try:
+        cfg = json.loads(rendered)
+    except ValueError:
+        return None
+    return json.dumps({**cfg, "endpoint": f"tcp://{LOOPBACK}:{port}"}, sort_keys=True, separators=(",", ":"))
+
+
+def sim_argv(oculis: str, pod: PodView, port: int, gpu: str | None, kv_port: int | None = None) -> list[str]:
+    """The pod's own argv, then the overrides: argparse keeps the last --host/--port (and
+    --kv-events-config, moved to `kv_port`)."""
     argv = [oculis, "sim", "serve", *pod.args, "--host", LOOPBACK, "--port", str(port)]
-    return argv + (["--gpu", gpu] if gpu else [])
+    kv = kv_events_override(pod, kv_port) if kv_port is not None else None
+    return argv + (["--gpu", gpu] if gpu else []) + ([f"--kv-events-config={kv}"] if kv else [])
 
 
 def plan(pods: Iterable[PodView], running: Iterable[str]) -> tuple[list[PodView], list[str]]:
@@ -112,6 +127,7 @@ class Serving:
     pod: PodView
     port: int
     pid: int
+    kv_events: str | None = None  # its KV-event publisher (tcp://127.0.0.1:PORT), for the router's kv-events picker
 
 
 def file_sd(serving: Iterable[Serving]) -> list[dict[str, Any]]:
@@ -131,7 +147,8 @@ def endpoint_map(serving: Iterable[Serving], known: Iterable[PodView] = ()) -> d
         entry = out.setdefault(s.pod.service_host, {"namespace": s.pod.namespace, "upstream": s.pod.upstream,
                                                     "ports": [], "pods": []})
         entry["ports"].append(s.port)
-        entry["pods"].append({"pod": s.pod.name, "port": s.port, "pid": s.pid})
+        entry["pods"].append({"pod": s.pod.name, "port": s.port, "pid": s.pid,
+                              **({"kv_events": s.kv_events} if s.kv_events else {})})
     return out
 
 
@@ -170,6 +187,7 @@ class Proc:
     port: int
     popen: subprocess.Popen[bytes]
     ready: bool = False
+    kv_events: str | None = None
 
 
 @dataclass
@@ -229,12 +247,13 @@ class StandIn:
 
     def _start(self, pod: PodView) -> None:
         gpu = self.gpu_of(pod.node) if pod.node else None
-        port = free_port()
-        argv = sim_argv(self.oculis, pod, port, gpu)
+        port, kv_port = free_port(), free_port()
+        argv = sim_argv(self.oculis, pod, port, gpu, kv_port)
+        kv = f"tcp://{LOOPBACK}:{kv_port}" if kv_events_override(pod, kv_port) else None
         with open(self._log(pod), "ab") as out:
             popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      preexec_fn=_die_with_parent)
-        self.procs[pod.key] = Proc(pod, port, popen)
+        self.procs[pod.key] = Proc(pod, port, popen, kv_events=kv)
         self.crashed.pop(pod.key, None)
         log(f"{pod.namespace}/{pod.name}: started pid {popen.pid} on {LOOPBACK}:{port} (gpu {gpu or '-'})")
 
@@ -247,7 +266,7 @@ class StandIn:
         log(f"{proc.pod.namespace}/{proc.pod.name}: pod gone or not Running; stopped pid {proc.popen.pid}")
 
     def write(self) -> None:
-        serving = [Serving(p.pod, p.port, p.popen.pid) for p in self.procs.values() if p.ready]
+        serving = [Serving(p.pod, p.port, p.popen.pid, p.kv_events) for p in self.procs.values() if p.ready]
         docs = (file_sd(serving), endpoint_map(serving, self.seen.values()))
         if docs != self._written:
             write_atomic(self.state / "targets.json", docs[0])

@@ -111,3 +111,20 @@ def test_canary_pods_map_to_the_canary_service_host_and_stable_pods_to_the_stabl
     assert gone["llm-vllm-canary.demo.svc"]["ports"] == [] and gone["llm-vllm.demo.svc"]["ports"] == [41000]
     # the watch lists both kinds of engine pod
     assert "app.kubernetes.io/name in (vllm,vllm-canary)" in ps.SELECTOR
+
+
+def test_a_pod_publishing_kv_events_publishes_on_its_own_loopback_port_listed_in_the_map() -> None:
+    import json
+
+    kv = '--kv-events-config={"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","publisher":"zmq","topic":"kv"}'
+    obj = pod("a")
+    obj["spec"]["containers"][0]["args"] = [*ARGS, kv]
+    publishing = view(obj)
+    argv = ps.sim_argv("oculis", publishing, 41000, None, 41001)
+    last = json.loads(argv[-1].split("=", 1)[1])  # argparse keeps the last one
+    assert last == {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:41001", "publisher": "zmq",
+                    "topic": "kv"}
+    assert ps.sim_argv("oculis", view(pod("b")), 41000, None, 41001)[-1] == "41000"  # no publisher: nothing added
+    doc = ps.endpoint_map([ps.Serving(publishing, 41000, 1, "tcp://127.0.0.1:41001")])
+    assert doc["llm-vllm.demo.svc"]["pods"] == [{"pod": "a", "port": 41000, "pid": 1,
+                                                 "kv_events": "tcp://127.0.0.1:41001"}]
