@@ -39,7 +39,7 @@ from oculis_router.plan import headers as plan_headers
 from oculis_router.relay import SSE_HEADERS, held, replay
 from oculis_router.slices import slice_watch
 from oculis_router.state import ConfigHolder, Runtime, describe
-from oculis_router.upstreams import Caller
+from oculis_router.upstreams import Caller, failure_kind
 
 WATCH_CLIENT_AFTER_S = 0.25  # non-streamed answers slower than this are cancelled if the client leaves
 log = logging.getLogger("oculis.router")
@@ -234,7 +234,9 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
             connector = aiohttp.TCPConnector(limit=2000, limit_per_host=1000, keepalive_timeout=60,
                                              resolver=resolver, use_dns_cache=False)
         http = aiohttp.ClientSession(connector=connector, trust_env=False)
-        router.calls.caller = Caller(http, max_retries=max_retries, backoff=backoff, fleet=fleet)
+        router.calls.caller = Caller(http, max_retries=max_retries, backoff=backoff, fleet=fleet,
+                                     on_canary_failure=lambda up, v: metrics.upstream_failures.labels(
+                                         up.name, failure_kind(v), "canary").inc())
         slices = slice_watch(http)  # in a cluster: the Services' EndpointSlices; else None
         subs = Subscriptions(fleet, metrics)
         fleet.sync(replicas.found(holder.current.config, resolver, slices))  # the first requests pick too

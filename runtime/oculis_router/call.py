@@ -23,31 +23,17 @@ from oculis_router.plan import Plan, cache_state
 from oculis_router.plan import headers as plan_headers
 from oculis_router.providers import relayed_headers
 from oculis_router.relay import SSE_HEADERS, account, estimate_of, estimated_usage, relay, replay
-from oculis_router.upstreams import REPLICA_HEADER, REVISION_HEADER, Attempt, Caller, UpstreamFailed, UpstreamRejected
+from oculis_router.upstreams import (
+    REPLICA_HEADER,
+    REVISION_HEADER,
+    Attempt,
+    Caller,
+    UpstreamFailed,
+    UpstreamRejected,
+    failure_kind,
+)
 
 log = logging.getLogger("oculis.router")
-
-
-def failure_kind(exc: UpstreamFailed) -> str:
-    """A short, bounded label for why a tier failed (`oculis_upstream_failures_total{kind}`)."""
-    v = exc.verdict
-    if v.credential:
-        return "credential"
-    if v.context_length:
-        return "context_length"
-    if v.status == 429:
-        return "rate_limited"
-    reason = v.reason
-    if reason.startswith("status ") and reason[7:10].isdigit():
-        return f"status_{reason[7:10]}"
-    if "Timeout" in reason or "timed out" in reason or "within" in reason or "stalled" in reason:
-        return "timeout"
-    if "JSON" in reason or "shape" in reason or "choices" in reason:
-        return "bad_answer"
-    if "not set in the router's environment" in reason:
-        return "missing_key"
-    return "connection"
-
 
 
 class Calls:
@@ -85,8 +71,8 @@ class Calls:
         try:
             graded = await self.caller.complete(up, "chat", {"model": up.name, **req}, Attempt(can_escalate=False))
         except (UpstreamFailed, UpstreamRejected) as exc:
-            kind = failure_kind(exc) if isinstance(exc, UpstreamFailed) else f"rejected_{exc.status}"
-            self.metrics.upstream_failures.labels(up.name, kind).inc()
+            kind = failure_kind(exc.verdict) if isinstance(exc, UpstreamFailed) else f"rejected_{exc.status}"
+            self.metrics.upstream_failures.labels(up.name, kind, "stable").inc()
             self.metrics.answer_grades.labels(route_label, v.upstream, "error").inc()
             log.warning("verifier %s could not grade an answer on route %s (kept): %s", up.name, route_label, exc)
             return None
@@ -125,7 +111,7 @@ class Calls:
         up = plan.tiers[i]
         # A tier's failure is not the request's outcome (that is counted once, at the end: `ok` after
         # a failover, `error_502` when no tier could answer), so it has its own metric.
-        self.metrics.upstream_failures.labels(up.name, failure_kind(exc)).inc()
+        self.metrics.upstream_failures.labels(up.name, failure_kind(exc.verdict), "stable").inc()
         last = not self.can_escalate(plan, i)
         if not exc.verdict.credential:  # a refused credential is logged once per upstream, by the caller
             log.warning("%s %s: %s", "no tier left after" if last else "escalating past", up.name, exc)

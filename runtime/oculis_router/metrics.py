@@ -21,9 +21,12 @@ class Metrics:
         # error_<status> (refused by the router, no tier could answer, or internal: error_500).
         self.requests = Counter("oculis_requests", "Requests by route, tier, upstream and final outcome",
                                 ["route", "tier", "upstream", "outcome"], registry=r)
+        # revision="stable": a tier that failed a request after its retries (it then failed over or got an
+        # error); revision="canary": an attempt on the upstream's canary that failed (retried on stable, so
+        # no request shows it, and a canary that cannot be reached has no engine metrics either).
         self.upstream_failures = Counter("oculis_upstream_failures", "Tiers that failed a request after their "
-                                         "retries (it then failed over or got an error)", ["upstream", "kind"],
-                                         registry=r)
+                                         "retries (revision stable), and failed canary attempts (revision canary)",
+                                         ["upstream", "kind", "revision"], registry=r)
         self.classification = Histogram("oculis_classification_seconds", "Prompt classification latency",
                                         ["route"], registry=r,
                                         buckets=(0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05))

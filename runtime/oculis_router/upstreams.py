@@ -30,7 +30,7 @@ import math
 import os
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
@@ -188,6 +188,26 @@ def judge(status: int, headers: Mapping[str, str], body: bytes, now: datetime) -
         return Verdict("escalate", f"the prompt is over this tier's context length (status {status})",
                        status=status, context_length=True)
     return Verdict("relay", f"status {status}", status=status)
+
+
+def failure_kind(v: Verdict) -> str:
+    """A short, bounded label for why a call failed (`oculis_upstream_failures_total{kind}`)."""
+    if v.credential:
+        return "credential"
+    if v.context_length:
+        return "context_length"
+    if v.status == 429:
+        return "rate_limited"
+    reason = v.reason
+    if reason.startswith("status ") and reason[7:10].isdigit():
+        return f"status_{reason[7:10]}"
+    if "Timeout" in reason or "timed out" in reason or "within" in reason or "stalled" in reason:
+        return "timeout"
+    if "JSON" in reason or "shape" in reason or "choices" in reason:
+        return "bad_answer"
+    if "not set in the router's environment" in reason:
+        return "missing_key"
+    return "connection"
 
 
 @dataclass(frozen=True)
@@ -358,13 +378,18 @@ T = TypeVar("T")
 
 class Caller:
     def __init__(self, http: aiohttp.ClientSession, max_retries: int = 2, backoff: float = 0.05,
-                 draw: Callable[[], float] = random.random, fleet: Fleet | None = None) -> None:
+                 draw: Callable[[], float] = random.random, fleet: Fleet | None = None,
+                 on_canary_failure: Callable[[Upstream, Verdict], None] | None = None) -> None:
         self.http = http
         self.fleet = fleet  # the replicas of self-hosted upstreams (pick.py); None: every call to its base_url
         self.draw = draw  # the canary draw (`revision`); tests pass a fixed sequence
         self.max_retries = max_retries  # for requests that name an upstream (no route, no escalation block)
         self.backoff = backoff
         self._refused: set[str] = set()  # upstreams whose refusal of our credential was logged
+        # A canary attempt that failed is retried on stable, so no request shows it: counted here (the
+        # router's metrics) and logged once per upstream until its canary answers again.
+        self.on_canary_failure = on_canary_failure
+        self._canary_failing: set[str] = set()
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -388,6 +413,26 @@ class Caller:
             tries = f" ({attempts} attempts)" if attempts > 1 else ""
             raise UpstreamFailed(f"{up.name}: {exc}{tries}", exc.verdict) from exc
         raise AssertionError("unreachable")
+
+    def _canary(self, up: Upstream, rev: Revision, exc: BaseException | None) -> Retryable | None:
+        """After an attempt on `rev`: a canary's failure (whatever it was: a 5xx, a refused connection,
+        a long Retry-After that would move a stable revision to the next tier) is counted, said once, and
+        becomes a retry on stable at once; None when there is nothing to change."""
+        if rev != "canary":
+            return None
+        if exc is None:
+            self._canary_failing.discard(up.name)
+            return None
+        if not isinstance(exc, Retryable | UpstreamFailed):
+            return None
+        if self.on_canary_failure is not None:
+            self.on_canary_failure(up, exc.verdict)
+        if up.name not in self._canary_failing:
+            self._canary_failing.add(up.name)
+            log.warning("canary of upstream %s (%s) failed an attempt, retried on stable: %s (logged once until "
+                        "it answers; counted in oculis_upstream_failures_total{revision=\"canary\"})",
+                        up.name, up.canary.base_url if up.canary else "?", exc.verdict.reason)
+        return Retryable(replace(exc.verdict, action="retry", wait=None))
 
     def _refuse(self, up: Upstream, status: int, headers: Mapping[str, str], body: bytes, at: Attempt) -> None:
         """Raise what an error answer means for this attempt (see `judge`)."""
@@ -442,7 +487,10 @@ class Caller:
             except BaseException as exc:
                 if lease is not None:
                     lease.failed() if replica_fault(exc) else lease.release()
+                if (retry := self._canary(up, rev, exc)) is not None:
+                    raise retry from exc
                 raise
+            self._canary(up, rev, None)
             if lease is not None:
                 lease.release()
                 if headers_out is not None:
@@ -512,11 +560,15 @@ class Caller:
         async def once() -> tuple[Stream, Any]:
             rev, request, lease = revs.next()
             try:
-                return await attempt(rev, request, lease)
+                opened = await attempt(rev, request, lease)
             except BaseException as exc:
                 if lease is not None:
                     lease.failed() if replica_fault(exc) else lease.release()
+                if (retry := self._canary(up, rev, exc)) is not None:
+                    raise retry from exc
                 raise
+            self._canary(up, rev, None)
+            return opened
 
         async def attempt(rev: Revision, request: Request, lease: Lease | None) -> tuple[Stream, Any]:
             url, headers, payload = request
