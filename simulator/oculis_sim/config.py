@@ -6,6 +6,7 @@ the operator's admission check can never disagree about what fits.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,6 +258,10 @@ def load_step_profile(path: Path) -> steptime.FittedSteps:
     if not isinstance(data, dict) or not {"step_s", "request_s", "prefill_token_s", "decode_token_s"} <= set(data):
         raise SimConfigError(f"--step-profile {path}: needs step_s, request_s, prefill_token_s and decode_token_s "
                              "(seconds)")
+    for k, v in data.items():  # YAML 1.1 reads 2e-5 (no dot) as a string
+        if k != "source" and isinstance(v, str):
+            with contextlib.suppress(ValueError):
+                data[k] = float(v)
     unknown = sorted(set(data) - fields)
     if unknown:
         raise SimConfigError(f"--step-profile {path}: {unknown[0]}: unknown key; use {', '.join(sorted(fields))}")

@@ -100,7 +100,7 @@ def cost_model(model: ModelConfig, gpu: GPUProduct, tp: int, weights_bytes_per_g
     allreduce = 0.0
     allreduce_fixed = 0.0
     if tp > 1:
-        allreduce_fixed = 2 * layers * v.allreduce_s
+        allreduce_fixed = 2 * layers * v.allreduce_s * (tp - 1)  # latency grows with the peers synchronised
         ring = 2 * (tp - 1) / tp  # bytes each GPU sends per byte reduced (ring all-reduce)
         link = INTERCONNECT_BYTES_S.get(gpu.family, INTERCONNECT_BYTES_S["ada-lovelace"])
         allreduce = 2 * layers * h * 2 * ring / link
