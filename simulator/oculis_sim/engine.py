@@ -42,13 +42,18 @@ class StepResult:
     plan: StepPlan
 
 
+# From this release a waiting request must fit whole before it is admitted (vllm#37307, merged 2026-03-24;
+# default on, as ai-dynamo/dynamo#9721 mirrors it). The release is the first after the merge (an assumption).
+FULL_SEQUENCE_ADMISSION = (0, 19)
+
+
 class EngineCore:
     def __init__(self, settings: Settings) -> None:
         s = settings
         self.settings = s
         k = s.spec.num_speculative_tokens if s.spec else 0
         self.scheduler = Scheduler(s.num_blocks, s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len, k,
-                                   s.prefix_caching, s.block_size)
+                                   s.prefix_caching, s.block_size, s.vllm_version >= FULL_SEQUENCE_ADMISSION)
         self.cost, self.draft_cost = cost_models(s)
         self.k = k
         self.sampler = AcceptanceSampler(s.acceptance_rate, s.seed + 1) if k else None

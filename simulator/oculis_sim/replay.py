@@ -60,6 +60,8 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     hashes_of = wl.block_keys(block)  # a group's prefix, then a fixed prompt's or conversation's own blocks
 
     api = core.cost.api_s
+    serial = core.cost.api_serial_s
+    api_free = 0.0  # when the API server's event loop is next free (serial work per request)
     lag = core.cost.per_token_s
     finish = core.cost.finish_s
     limit = settings.max_model_len
@@ -78,17 +80,22 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     e2e = array("d")
     tpot = array("d")
     queue = array("d")
+    queued_from: dict[int, float] = {}
     out_tokens = 0
     last_done = 0.0
 
     def send(i: int, at: float) -> None:
-        nonlocal inflight, refused
+        nonlocal inflight, refused, api_free
         if prompts[i] + outputs[i] > limit:  # vLLM answers 400 before the engine sees it
             refused += 1
             return
         inflight += 1
         recs[i] = _Rec(at)
-        heapq.heappush(entering, (at + api, i))
+        if serial:
+            api_free = max(at, api_free) + serial
+            heapq.heappush(entering, (api_free + api, i))
+        else:
+            heapq.heappush(entering, (at + api, i))
 
     def release(now: float) -> None:
         """max_concurrency: send the next requests, in arrival order, as slots free up (vLLM bench's semaphore)."""
@@ -103,6 +110,7 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
         while entering and entering[0][0] <= t:
             at, i = heapq.heappop(entering)
             core.add(Request(i, prompts[i], outputs[i], at, hashes_of(i)))
+            queued_from[i] = t  # vLLM's queue time starts when the engine loop takes it in, between steps
         if not core.has_work():
             if entering:
                 t = entering[0][0]
@@ -113,7 +121,7 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
             raise RuntimeError("engine made no progress: a request needs more KV blocks than exist")
         for req in res.plan.admitted:
             if not req.preemptions:  # first admission (a preempted one is re-admitted later)
-                queue.append(res.start - req.arrival)
+                queue.append(res.start - queued_from[req.rid])
         t = res.end
         for req, k in res.emitted:
             rec = recs[req.rid]

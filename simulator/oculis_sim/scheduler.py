@@ -132,9 +132,13 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 num_speculative_tokens: int = 0, prefix_caching: bool = True, block_size: int = BLOCK) -> None:
+                 num_speculative_tokens: int = 0, prefix_caching: bool = True, block_size: int = BLOCK,
+                 full_sequence_admission: bool = False) -> None:
         self.pool = BlockPool(num_blocks)
         self.block = block_size
+        # vLLM >= 0.19 (scheduler_reserve_full_isl, vllm#37307, default on): a waiting request is admitted only
+        # if its whole known sequence fits the free blocks, not just its first chunk (no admit-then-preempt).
+        self.full_sequence_admission = full_sequence_admission
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -248,6 +252,10 @@ class Scheduler:
                     plan.prefix_hits += hits * self.block
                 num_new = min(req.num_tokens - req.num_computed, budget)
                 need = -(-(req.num_computed + num_new) // self.block) - req.blocks - len(req.shared)
+                if self.full_sequence_admission and (
+                        -(-req.num_tokens // self.block) - req.blocks - len(req.shared) > pool.free):
+                    self._release_hits(req)
+                    break
                 if not pool.allocate(need):
                     self._release_hits(req)
                     break

@@ -52,6 +52,7 @@ class StepCostModel:
     api_s: float
     finish_s: float
     per_token_s: float
+    api_serial_s: float = 0.0  # the API server's CPU work per request, one request at a time (its event loop)
 
     def step_seconds(self, prefill_tokens: int, prefill_pairs: float, decode_tokens: int, decode_pairs: float,
                      context_tokens: int, requests: int) -> float:
@@ -129,6 +130,7 @@ class FittedSteps:
     api_s: float = 0.0
     finish_s: float = 0.0
     per_token_s: float = 0.0
+    api_serial_s: float = 0.0  # per request, serialised in the API server (bursts wait in line)
     source: str = ""
 
     def cost_model(self) -> StepCostModel:
@@ -139,4 +141,4 @@ class FittedSteps:
             flops_per_token=1.0, attn_flops_per_pair=self.pair_s * pf, peak_flops=pf, prefill_flops_s=pf,
             decode_flops_s=dc, eager_s=0.0, graph_s=0.0, allreduce_per_token_s=0.0, step_cpu_s=self.step_s,
             request_cpu_s=self.request_s, overlap=False, api_s=self.api_s, finish_s=self.finish_s,
-            per_token_s=self.per_token_s)
+            per_token_s=self.per_token_s, api_serial_s=self.api_serial_s)

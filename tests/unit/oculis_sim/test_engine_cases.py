@@ -119,3 +119,25 @@ def test_queue_time_is_the_wait_before_first_scheduled() -> None:
     wl = Workload(np.array([0.0, 0.0]), np.array([100, 100]), np.array([5, 5]), 0, None)
     res = replay.run(s, wl)
     assert res.queue_ms["mean"] == pytest.approx((0 + 15.0) / 2, abs=1e-6)
+
+
+def test_from_019_a_waiting_request_is_admitted_only_if_its_whole_sequence_fits() -> None:
+    from oculis_sim.scheduler import Scheduler
+
+    def first_step(full: bool) -> list[int]:
+        s = Scheduler(num_blocks=6, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=96,
+                      full_sequence_admission=full)  # 5 usable blocks of 16
+        s.add(Request(0, 40, 8))  # 3 blocks
+        s.add(Request(1, 40, 8))  # its first 24-token chunk needs 2 blocks, the whole prompt 3
+        return [r.rid for r, _ in s.schedule().scheduled]
+
+    assert first_step(full=False) == [0, 1]  # before 0.19: the first chunk fits, admitted
+    assert first_step(full=True) == [0]  # 0.19+: 3 blocks needed, 2 free: waits
+
+
+def test_the_version_decides_full_sequence_admission() -> None:
+    old = config.resolve("tiny", "CPU", model_config=TINY, max_model_len="512", num_gpu_blocks_override=64,
+                         step_profile=PROFILE, vllm_version="0.15")
+    new = dataclasses.replace(old, vllm_version=(0, 19))
+    assert not EngineCore(old).scheduler.full_sequence_admission
+    assert EngineCore(new).scheduler.full_sequence_admission
