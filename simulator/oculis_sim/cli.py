@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=port_number, default=8000)
+    s.add_argument("--kv-events-config", metavar="JSON",
+                   help='vLLM\'s KVEventsConfig, e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", '
+                   '"endpoint": "tcp://*:5557"}\': publish the engine\'s KV-cache events (msgpack over ZMQ PUB)')
     return parser
 
 
@@ -205,7 +208,22 @@ def run_serve(args: argparse.Namespace, ignored: list[str]) -> int:
     if ignored:
         print(f"oculis sim serve: warning: ignoring what vLLM accepts and the simulator does not model: "
               f"{' '.join(flags or ignored)}", file=sys.stderr)
-    serve(s, args.host, args.port)
+    kv = None
+    if args.kv_events_config is not None:
+        from oculis_sim import kvevents
+
+        try:
+            cfg = kvevents.parse_config(args.kv_events_config)
+        except kvevents.KVEventsError as exc:
+            raise config.SimConfigError(str(exc)) from None
+        if cfg is not None:
+            try:
+                kv = kvevents.Publisher.bind(cfg, s.block_size)
+            except kvevents.KVEventsError as exc:
+                print(f"oculis sim serve: error: {exc}", file=sys.stderr)
+                return 1
+            print(f"oculis sim serve: publishing KV events on {cfg.endpoint} (topic {cfg.topic!r})", file=sys.stderr)
+    serve(s, args.host, args.port, kv)
     return 0
 
 

@@ -32,6 +32,7 @@ from oculis_sim import openai_shapes as shapes
 from oculis_sim.api_request import ApiError, GenRequest, json_error, parse
 from oculis_sim.config import Settings
 from oculis_sim.engine import EngineCore
+from oculis_sim.kvevents import Publisher
 from oculis_sim.metrics import Finished, Metrics
 from oculis_sim.scheduler import Request
 from oculis_sim.tokens import WORDS, answer_tokens, block_hashes, placeholder
@@ -110,9 +111,12 @@ class Choice:
 
 
 class SimServer:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, kv: Publisher | None = None) -> None:
         self.settings = settings
         self.core = EngineCore(settings)
+        self.kv = kv  # --kv-events-config: the engine's KV events (kvevents.py)
+        if kv is not None:
+            kv.attach(self.core)
         self.metrics = Metrics(settings)
         self.pending: list[tuple[float, int, Request]] = []  # (time the scheduler may see it, seq, request)
         self.seq = itertools.count()
@@ -167,6 +171,8 @@ class SimServer:
             if not res.plan.scheduled:  # cannot happen while max_model_len fits the cache; never spin on it
                 raise RuntimeError("engine made no progress: a request needs more KV blocks than exist")
             self._admitted(res.plan.admitted, res.plan.scheduled, start)
+            if self.kv is not None:
+                self.kv.publish(core)
             t = res.end
             # Writing a step's tokens takes time (~15 us each); start half of it early so the sends
             # straddle the modelled step end instead of all trailing it.
@@ -311,6 +317,8 @@ class SimServer:
         call = Call(gen, names[0], resp, arrival, seed)  # vLLM answers with the first served name
         call.transport = request.transport
         hashes = block_hashes(gen.tokens, self.settings.block_size)
+        if self.kv is not None:
+            self.kv.note(hashes, gen.tokens)
         self.in_flight += 1
         try:
             for i in range(gen.n):
@@ -415,10 +423,10 @@ async def honesty(request: web.Request, handler: Callable[[web.Request], Awaitab
     return resp
 
 
-def build_app(settings: Settings) -> web.Application:
+def build_app(settings: Settings, kv: Publisher | None = None) -> web.Application:
     from oculis_sim import endpoints
 
-    sim = SimServer(settings)
+    sim = SimServer(settings, kv)
     app = web.Application(middlewares=[honesty], client_max_size=64 * 2**20)
 
     async def chat(request: web.Request) -> web.StreamResponse:
@@ -477,10 +485,10 @@ async def log_stats(sim: SimServer, interval: float = 10.0) -> None:
         last = now
 
 
-def serve(settings: Settings, host: str, port: int) -> None:
+def serve(settings: Settings, host: str, port: int, kv: Publisher | None = None) -> None:
     for line in startup_lines(settings):
         print(line, file=sys.stderr, flush=True)
-    app = build_app(settings)
+    app = build_app(settings, kv)
 
     async def start_logger(app: web.Application) -> None:
         app["logger"] = asyncio.get_running_loop().create_task(log_stats(app["sim"]))
