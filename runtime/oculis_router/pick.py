@@ -53,6 +53,7 @@ class Replica:
     in_flight: int = 0
     in_flight_tokens: int = 0
     queued_tokens: int = 0
+    context_tokens: int = 0  # prompt + expected output of the in-flight calls: what their decode steps read
     gauges: dict[str, float] = field(default_factory=dict)  # waiting, running, kv_usage (scrape.py)
     kv_blocks: int | None = None
     block_size: int | None = None
@@ -61,10 +62,12 @@ class Replica:
 
     def state(self, now: float, aside_ok: bool) -> ReplicaState:
         g = self.gauges
-        return ReplicaState(self.id, self.revision, self.in_flight, self.in_flight_tokens, self.queued_tokens,
-                            g.get("waiting", 0.0), g.get("running", 0.0), g.get("kv_usage", 0.0), self.kv_blocks,
-                            self.block_size or DEFAULT_BLOCK_SIZE, None,
-                            ready=aside_ok or self.aside_until <= now, draining=self.draining)
+        return ReplicaState(self.id, self.revision, in_flight=self.in_flight, in_flight_tokens=self.in_flight_tokens,
+                            queued_tokens=self.queued_tokens, waiting=g.get("waiting", 0.0),
+                            running=g.get("running", 0.0), kv_usage=g.get("kv_usage", 0.0), kv_blocks=self.kv_blocks,
+                            block_size=self.block_size or DEFAULT_BLOCK_SIZE,
+                            ready=aside_ok or self.aside_until <= now, draining=self.draining,
+                            context_tokens=self.context_tokens)
 
 
 @dataclass
@@ -76,6 +79,7 @@ class Lease:
     pick: Pick
     tokens: int  # KV tokens the request holds there (uncached prompt + expected output)
     queued: int  # its prefill still ahead of its first token
+    context: int  # prompt + expected output
     released: bool = False
 
     @property
@@ -102,6 +106,7 @@ class Lease:
         r = self.replica
         r.in_flight = max(0, r.in_flight - 1)
         r.in_flight_tokens = max(0, r.in_flight_tokens - self.tokens)
+        r.context_tokens = max(0, r.context_tokens - self.context)
         self.pool.metrics.replica_in_flight.labels(self.pool.name, r.id).set(r.in_flight)
         if r.draining and r.in_flight == 0:
             self.pool.drop(r)
@@ -187,12 +192,13 @@ class Pool:
         r.in_flight += 1
         r.in_flight_tokens += tokens
         r.queued_tokens += req.prompt_tokens - cached
+        r.context_tokens += req.prompt_tokens + req.expected_output_tokens
         m = self.metrics
         m.picks.labels(self.name, self.strategy, p.reason).inc()
         m.replica_in_flight.labels(self.name, r.id).set(r.in_flight)
         m.pick_prompt_tokens.labels(self.name).inc(req.prompt_tokens)
         m.pick_cached_tokens.labels(self.name).inc(cached)
-        return Lease(self, r, p, tokens, req.prompt_tokens - cached)
+        return Lease(self, r, p, tokens, req.prompt_tokens - cached, req.prompt_tokens + req.expected_output_tokens)
 
 
 class Fleet:
