@@ -349,6 +349,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     samples = read_canary(ns, name, spec, status.get("canary") or {}) if (
         cdep is not None and rollout.progress(cdep).complete) else None
     scaled = None if external else _autoscale(kube, spec, status, dep, ns, name)
+    kv_events = not external and (spec.get("routing") or {}).get("picker") == "kv-events"
     obs = core.Observed(
         name=name, namespace=ns, uid=meta["uid"], generation=meta.get("generation", 1), spec=spec, status=status,
         deployment=dep,
@@ -360,6 +361,8 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         observed_kv_blocks=promquery.prometheus_kv_blocks(PROMETHEUS_URL, ns, name) if dep is not None else None,
         speculation=speculation, speculative_window_s=SPECULATIVE_WINDOW_SECONDS,
         canary_deployment=cdep, has_canary_service=canary_svc, canary_samples=samples, autoscale=scaled,
+        kv_events_silent=promquery.prometheus_value(PROMETHEUS_URL, promquery.kv_events_silent_query(ns, name))
+        if kv_events and PROMETHEUS_URL else None,
     )
 
     def spare(product: str) -> int:
@@ -388,7 +391,10 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         out.status.get("speculative") or {}).get("decision") != "Disabled"
     # An autoscaled upstream's load moves without any Kubernetes event: evaluated every recheck round.
     autoscaled = scaled is not None
-    if (external and ready.get("reason") in WAITING_REASONS) or awaiting_kv or canary_open or guard_open or autoscaled:
+    # kv-events: whether the router hears the engines moves without any Kubernetes event (KVEvents condition).
+    heard = kv_events and bool(PROMETHEUS_URL)
+    if (external and ready.get("reason") in WAITING_REASONS) or awaiting_kv or canary_open or guard_open or autoscaled \
+            or heard:
         kube.recheck.add((ns, name))
     else:
         kube.recheck.discard((ns, name))

@@ -50,3 +50,9 @@ def prometheus_kv_blocks(url: str, namespace: str, name: str, timeout: float = 2
     except (KeyError, TypeError, AttributeError):
         return None
     return min(blocks) if blocks else None
+
+
+def kv_events_silent_query(namespace: str, name: str) -> str:
+    """The router replicas' count of `name`'s replicas they hear no KV events from (the worst router's);
+    a router scraped without a namespace label (outside the cluster) counts too, as for its demand."""
+    return f'max(oculis_kv_events_silent_replicas{{namespace=~"{namespace}|",upstream="{name}"}})'

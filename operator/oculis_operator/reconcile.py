@@ -66,6 +66,8 @@ class Observed:
     canary_samples: tuple[canary.Sample | None, canary.Sample | None] | None = None
     # spec.autoscaling: the shell's decision (autoscale.decide) from metrics, router demand and the pool
     autoscale: autoscale.Decision | None = None
+    # picker kv-events: the router's count of replicas it hears no KV events from (Prometheus); None: not read
+    kv_events_silent: float | None = None
 
 
 @dataclass
@@ -267,8 +269,26 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
             conds.set("Degraded", "True", *problem)
             conds.set("Ready", "False", *problem)
             out.warnings.append(problem)
+    _kv_events(obs, spec, conds, out)
     out.status = {**status, "conditions": conds.items}
     return out
+
+
+def _kv_events(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, out: Outcome) -> None:
+    """spec.routing.picker kv-events: `KVEvents` says whether the router hears every engine's KV events
+    (its oculis_kv_events_silent_replicas, read from Prometheus); a silent engine is scored from the
+    router's prefix memory, so requests still flow: a warning, never a change to Ready."""
+    if spec.routing is None or spec.routing.picker != "kv-events" or obs.kv_events_silent is None:
+        return
+    silent = int(obs.kv_events_silent)
+    if silent:
+        msg = (f"{silent} replica(s) publish no KV events the router hears; it scores them from its own prefix "
+               "memory (picker prefix) meanwhile: check that the engine image supports --kv-events-config "
+               "and that port 5557 is reachable from the router")
+        conds.set("KVEvents", "False", "NoEvents", msg)
+        out.warnings.append(("KVEventsFallback", msg))
+    else:
+        conds.set("KVEvents", "True", "Publishing", "the router hears every replica's KV events")
 
 
 def _check_plan(obs: Observed, plan: capacity.Plan, conds: Conditions, status: dict[str, Any], out: Outcome) -> None:

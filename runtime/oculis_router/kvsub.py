@@ -40,14 +40,19 @@ class Subscriptions:
         for name, pool in self.fleet.pools.items():
             if pool.strategy != "kv-events":
                 continue
+            silent = 0
             for r in pool.replicas.values():
                 if r.kv_events:
                     want.add((name, r.id, r.kv_events))
-                    silent = now - self.since.get((name, r.id, r.kv_events), now) > SILENT_AFTER_S
-                    if silent and not pool.picker.index.heard(r.id):
+                    quiet = now - self.since.get((name, r.id, r.kv_events), now) > SILENT_AFTER_S
+                    if quiet and not pool.picker.index.heard(r.id):
+                        silent += 1
                         self._fallback(name, r.id, f"no KV event from {r.kv_events} in {SILENT_AFTER_S:g} s")
                 else:
+                    silent += 1
                     self._fallback(name, r.id, "it has no KV-event publisher (kv_events / --kv-events-config)")
+            # The operator reads it (Prometheus) into the GPUUpstream's KVEvents condition.
+            self.metrics.kv_events_silent.labels(name).set(silent)
         for key in want - self.tasks.keys():
             self.tasks[key] = asyncio.get_running_loop().create_task(self._listen(*key))
             self.since[key] = now

@@ -96,5 +96,8 @@ class Metrics:
                                           "estimate)", ["upstream"], registry=r)
         self.pick_cached_tokens = Counter("oculis_pick_cached_prompt_tokens", "Prompt tokens the picker estimated "
                                           "cached on the chosen replica", ["upstream"], registry=r)
+        self.kv_events_silent = Gauge("oculis_kv_events_silent_replicas", "Replicas of a kv-events upstream that "
+                                      "publish no KV events (scored from the router's prefix memory instead)",
+                                      ["upstream"], registry=r)
         self.kv_event_batches = Counter("oculis_kv_event_batches", "KV-event batches received per upstream and "
                                         "outcome (applied, malformed)", ["upstream", "outcome"], registry=r)

@@ -95,3 +95,26 @@ def test_the_inference_pool_is_skipped_cleanly_without_its_crd_and_written_once_
     kube.pools_applied.clear()
     kube.custom = _Custom(409)  # type: ignore[assignment]
     assert kube.apply_inference_pool(body, 600.0) == "applied" and kube.custom.patched == 1  # existed: patched
+
+
+def test_kv_events_condition_says_when_the_router_hears_no_events_and_ready_is_untouched() -> None:
+    from oculis_operator.reconcile import Observed, reconcile
+
+    spec = {**VLLM, "replicas": 1, "routing": {"picker": "kv-events"}}
+    dep = reconcile(Observed("x", "ns", "uid", 1, spec, {}, None), lambda p: 8, "t").create[0]
+    dep["metadata"]["generation"] = 1
+    dep["status"] = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
+                     "availableReplicas": 1}
+
+    def conds(silent: float | None) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
+        out = reconcile(Observed("x", "ns", "uid", 1, spec, {}, dep, kv_events_silent=silent), lambda p: 8, "t")
+        return {c["type"]: c for c in out.status["conditions"]}, out.warnings
+
+    silent, warnings = conds(2)
+    assert silent["KVEvents"]["status"] == "False" and silent["KVEvents"]["reason"] == "NoEvents"
+    assert "2 replica(s) publish no KV events" in silent["KVEvents"]["message"]
+    assert ("KVEventsFallback", silent["KVEvents"]["message"]) in warnings
+    assert silent["Ready"]["status"] == "True"  # requests still flow (prefix fallback)
+    heard, _ = conds(0)
+    assert heard["KVEvents"]["status"] == "True"
+    assert "KVEvents" not in conds(None)[0]  # not read (no Prometheus): nothing said
