@@ -28,9 +28,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "training"))
-from routing_data import load_rows  # noqa: E402
+from routing_data import load_llmrouter, load_rows  # noqa: E402
 from routing_eval import apgr, bootstrap_apgr, cpt  # noqa: E402
 
+from oculis_measure.eval import kinds  # noqa: E402
 from oculis_router import classify  # noqa: E402
 from oculis_router import head_fit as hf  # noqa: E402
 
@@ -88,10 +89,47 @@ def adaptation_curve(rows: list, fold_of_group: dict[str, int], boot: int) -> No
     print("(every N is scored on the same prompts: those no draw of the largest N could take)")
 
 
+def per_kind(rows: list, oof: np.ndarray, boot: int) -> None:
+    """Every data set of ../shared/data/routing, per kind of traffic: the shipped head (on MMLU and GSM8K
+    the fold head that never saw the prompt's subject or bucket; on llmrouter's task kinds, which no head
+    saw, the final one), prompt length and random, as `oculis eval run` reports a suite's kinds."""
+    head = classify.ComplexityClassifier.packaged().head
+    sets: list[tuple[str, str, list[float], list[float], list[float], list[int]]] = []
+    for d in ("mmlu", "gsm8k"):
+        idx = [i for i, r in enumerate(rows) if r.dataset == d]
+        sets.append(("routellm", d, [float(oof[i]) for i in idx], [float(rows[i].weak_correct) for i in idx],
+                     [float(rows[i].strong_correct) for i in idx],
+                     [classify.prompt_pieces(rows[i].prompt).n_len for i in idx]))
+    graded = load_llmrouter()
+    for kind in sorted({g.kind for g in graded}):
+        gs = [g for g in graded if g.kind == kind]
+        pieces = [classify.prompt_pieces(g.prompt) for g in gs]
+        sets.append(("llmrouter", kind, [float(head.raw(p.ids, p.n_len)[0]) for p in pieces],
+                     [g.weak for g in gs], [g.strong for g in gs], [p.n_len for p in pieces]))
+    print("\nPer kind of traffic (`oculis eval run`'s report): APGR [95% CI] CPT(50%), verdict of the shipped head")
+    print("routellm: Mixtral-8x7B (weak) vs GPT-4 (strong), correct or not; llmrouter: "
+          "mistral-7b-instruct-v0.3 vs llama-3.1-nemotron-51b-instruct, graded 0-1; random routing 0.500")
+    print(f"{'data set':9} {'kind':22} {'n':>5} {'weak':>5} {'strong':>6}  {'shipped head':30} "
+          f"{'prompt length':24} {'random':24}")
+    rng = np.random.default_rng(0)
+    for src, kind, score, weak, strong, length in sets:
+        cells = []
+        for s in (score, length, rng.random(len(score)).tolist()):
+            r = kinds.kind_row(kind, [kinds.Scored(kind, float(c), w, st) for c, w, st in zip(s, weak, strong,
+                                                                                                strict=True)], boot)
+            cells.append("-" if r.apgr is None or r.ci is None else
+                         f"{r.apgr:.3f} [{r.ci[0]:.3f},{r.ci[1]:.3f}] {r.cpt50:.2f}")
+            if len(cells) == 1:
+                verdict = r.verdict
+        print(f"{src:9} {kind:22} {len(score):5d} {np.mean(weak):5.2f} {np.mean(strong):6.2f}  "
+              f"{cells[0] + ' ' + verdict:30} {cells[1]:24} {cells[2]:24}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--boot", type=int, default=300)
     ap.add_argument("--curve-only", action="store_true", help="only the adaptation curve")
+    ap.add_argument("--kinds-only", action="store_true", help="only the per-kind table")
     args = ap.parse_args()
     rows = load_rows()
     if args.curve_only:
@@ -103,6 +141,13 @@ def main() -> int:
     z = np.load(classify.model_file(classify.DEFAULT_MODEL))
     fold_of_group = dict(zip(z["fold_groups"].tolist(), z["fold_index"].tolist(), strict=True))
 
+    if args.kinds_only:
+        oof_only = []
+        for r in rows:
+            p = classify.prompt_pieces(r.prompt)
+            oof_only.append(head.raw(p.ids, p.n_len)[1 + fold_of_group[r.group]])
+        per_kind(rows, np.array(oof_only), args.boot)
+        return 0
     length, rules, oof, conf = [], [], [], []
     for r in rows:
         ids, n, u = classify.piece_ids(r.prompt)
@@ -140,6 +185,7 @@ def main() -> int:
             wins += apgr(methods["oculis (grouped OOF)"][idx], weak[idx], strong[idx], i) > apgr(
                 methods["prompt length"][idx], weak[idx], strong[idx], i)
         print(f"paired bootstrap, {d}: Oculis beats prompt length in {wins / args.boot:.0%} of resamples")
+    per_kind(rows, methods["oculis (grouped OOF)"], args.boot)
     c = np.array(conf)
     low = c < 0.6
     print(f"confidence < 0.6 on {low.mean():.1%} of prompts; weak-model error rate there "

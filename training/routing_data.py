@@ -83,3 +83,39 @@ def holdout_groups(rows: list[Row]) -> frozenset[str]:
 def is_holdout(rows: list[Row]) -> list[bool]:
     held = holdout_groups(rows)
     return [r.group in held for r in rows]
+
+
+# ../shared/data/routing/llmrouter (MIT): nine other models on fourteen task kinds. The pair routed
+# between is the README's widest: a 7B model as the weak one, a 51B one as the strong.
+LLMROUTER_WEAK, LLMROUTER_STRONG = "mistral-7b-instruct-v0.3", "llama-3.1-nemotron-51b-instruct"
+
+
+@dataclass(frozen=True, slots=True)
+class Graded:
+    """A prompt with both models' graded scores (0-1: exact match, F1, tests passed...)."""
+
+    prompt: str
+    kind: str  # the task kind (llmrouter's task_name)
+    split: str  # train | test
+    weak: float
+    strong: float
+
+
+def _jsonl(path: Path) -> list[dict[str, object]]:
+    # Split on \n only: some queries hold other line breaks (the data's README).
+    return [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
+
+
+def load_llmrouter(root: Path | None = None) -> list[Graded]:
+    root = (root or data_dir()) / "llmrouter"
+    if not root.exists():
+        raise SystemExit(f"llmrouter data not found at {root}; set OCULIS_ROUTING_DATA to the data/routing folder")
+    kinds = {str(q["query"]): str(q["task_name"]) for split in ("train", "test")
+             for q in _jsonl(root / f"default_query_{split}.jsonl")}
+    out = []
+    for split in ("train", "test"):
+        for rec in json.loads((root / f"{split}.json").read_text()):
+            scores = rec["scores"]
+            out.append(Graded(rec["question"], kinds.get(rec["question"], "unknown"), split,
+                              float(scores[LLMROUTER_WEAK]), float(scores[LLMROUTER_STRONG])))
+    return out

@@ -35,8 +35,8 @@ class Scored:
 
     kind: str | None
     complexity: float
-    weak: bool | None
-    strong: bool | None
+    weak: float | None  # correct (True/1) or a graded score in [0, 1]
+    strong: float | None
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,8 @@ def kind_row(kind: str, items: Sequence[Scored], n_boot: int = 300, seed: int = 
         return KindRow(kind, n, 0, None, None, None, None, None, NOT_APPLICABLE,
                        "no line has outcomes of both the cheapest and the strongest tier")
     score = np.array([i.complexity for i in both], float)
-    weak = np.array([bool(i.weak) for i in both], float)
-    strong = np.array([bool(i.strong) for i in both], float)
+    weak = np.array([float(i.weak or 0) for i in both], float)
+    strong = np.array([float(i.strong or 0) for i in both], float)
     wa, sa = float(weak.mean()), float(strong.mean())
     if wa == sa:
         return KindRow(kind, n, m, round(wa, 4), round(sa, 4), None, None, None, NOT_APPLICABLE,
