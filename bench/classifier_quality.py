@@ -35,7 +35,7 @@ from oculis_measure.eval import kinds  # noqa: E402
 from oculis_router import classify  # noqa: E402
 from oculis_router import head_fit as hf  # noqa: E402
 
-CURVE_LABELS = (0, 100, 500, 2000)
+CURVE_LABELS = (0, 100, 500, 800, 2000)
 DRAWS = 2
 
 CODE = re.compile(r"```|\bdef |\bclass |;\s*$|\{|\}|#include|\bSELECT\b", re.M)
@@ -89,6 +89,43 @@ def adaptation_curve(rows: list, fold_of_group: dict[str, int], boot: int) -> No
     print("(every N is scored on the same prompts: those no draw of the largest N could take)")
 
 
+def unseen_subject_fit(rows: list, fold_of_group: dict[str, int], boot: int, labels: int = 800) -> None:
+    """The issue-25 protocol: `oculis classifier fit` on `labels` rows of subjects the base never saw,
+    scored on the other rows of those same subjects. Per fold: the fold head is the base, the fold's
+    subjects (about 8 of 40) are the user's traffic; two label draws each."""
+    packaged = classify.ComplexityClassifier.packaged().head
+    mmlu = [r for r in rows if r.dataset == "mmlu"]
+    pieces = [classify.prompt_pieces(r.prompt) for r in mmlu]
+    weak = np.array([r.weak_correct for r in mmlu], float)
+    strong = np.array([r.strong_correct for r in mmlu], float)
+    fold = np.array([fold_of_group[r.group] for r in mmlu])
+    print(f"\n`oculis classifier fit` on {labels} labels of unseen MMLU subjects, scored on the rest of them")
+    print(f"{'fold':>5} {'subjects':>8} {'base':>6} {'fitted':>7}  95% CI of fitted")
+    base_all, fit_all = [], []
+    for k in range(5):
+        idx = np.nonzero(fold == k)[0]
+        base = dataclasses.replace(packaged, token_weights=packaged.token_weights[[1 + k]],
+                                   biases=packaged.biases[[1 + k]])
+        b, f, parts = [], [], []
+        for draw in range(DRAWS):
+            pick = np.random.default_rng(100 * draw + k).permutation(idx)
+            tr, te = pick[:labels], pick[labels:]
+            head, _ = hf.fit_head(base, hf.Suite([pieces[i] for i in tr], weak[tr] > 0, strong[tr] > 0, None))
+            before = np.array([base.raw(pieces[i].ids, pieces[i].n_len)[0] for i in te])
+            after = np.array([head.raw(pieces[i].ids, pieces[i].n_len)[0] for i in te])
+            b.append(hf.apgr(before, weak[te], strong[te]))
+            f.append(hf.apgr(after, weak[te], strong[te]))
+            parts.append((after, weak[te], strong[te]))
+        lo, hi = hf.bootstrap({"fit": np.concatenate([p[0] for p in parts])}, np.concatenate([p[1] for p in parts]),
+                              np.concatenate([p[2] for p in parts]), boot)["fit"]
+        n_subjects = len({mmlu[i].group for i in idx})
+        print(f"{k:5d} {n_subjects:8d} {np.mean(b):6.3f} {np.mean(f):7.3f}  [{lo:.3f}, {hi:.3f}]")
+        base_all += b
+        fit_all += f
+    print(f"{'mean':>5} {'':8} {np.mean(base_all):6.3f} {np.mean(fit_all):7.3f}  (fold 4 was kept out of every "
+          "choice of the fit)")
+
+
 def per_kind(rows: list, oof: np.ndarray, boot: int) -> None:
     """Every data set of ../shared/data/routing, per kind of traffic: the shipped head (on MMLU and GSM8K
     the fold head that never saw the prompt's subject or bucket; on llmrouter's task kinds, which no head
@@ -134,8 +171,9 @@ def main() -> int:
     rows = load_rows()
     if args.curve_only:
         with np.load(classify.model_file(classify.DEFAULT_MODEL)) as z:
-            adaptation_curve(rows, dict(zip(z["fold_groups"].tolist(), z["fold_index"].tolist(), strict=True)),
-                             args.boot)
+            fold_of_group = dict(zip(z["fold_groups"].tolist(), z["fold_index"].tolist(), strict=True))
+        adaptation_curve(rows, fold_of_group, args.boot)
+        unseen_subject_fit(rows, fold_of_group, args.boot)
         return 0
     head = classify.ComplexityClassifier.packaged().head
     z = np.load(classify.model_file(classify.DEFAULT_MODEL))
@@ -191,6 +229,7 @@ def main() -> int:
     print(f"confidence < 0.6 on {low.mean():.1%} of prompts; weak-model error rate there "
           f"{1 - weak[low].mean():.3f} vs {1 - weak[~low].mean():.3f} elsewhere")
     adaptation_curve(rows, fold_of_group, args.boot)
+    unseen_subject_fit(rows, fold_of_group, args.boot)
     return 0
 
 
