@@ -112,6 +112,9 @@ def cascade_text(rep: dict[str, Any]) -> str:
     buf.write(f"saving vs all-{base['tier']}: routed-only {pc(base['routed_only_saving_pct'])}, "
               f"cascade {pc(base['cascade_saving_pct'])}\n")
     buf.write(f"p_esc: {rep['p_esc_source']}\n")
+    if rep.get("observed"):
+        obs = rep["observed"]
+        buf.write(f"observed: {money(obs['dollars'])} ({money(obs['per_request'])} per request): {obs['what']}\n")
     for name, why in rep.get("unchecked", {}).items():
         buf.write(f"  {name}: p_esc 0, {why}\n")
     verifier = rep["verifier"]

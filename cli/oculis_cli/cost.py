@@ -77,14 +77,16 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
 
 def render(rep: dict[str, Any], stdout: TextIO) -> None:
     keys = rep["group_by"]
-    cols = [*keys, "requests", "cache hits", "prompt tok", "output tok", "cached tok", "token $", "$/1k req",
+    cols = [*keys, "requests", "calls", "cache hits", "prompt tok", "output tok", "cached tok", "token $", "$/1k req",
             "cache saving $", "GPU $"]
-    rows = [[*(r[k] for k in keys), f"{r['requests']:,}", f"{r['cache_hits']:,}", f"{r['prompt_tokens']:,}",
+    rows = [[*(r[k] for k in keys), f"{r['requests']:,}", f"{r['calls']:,}", f"{r['cache_hits']:,}",
+             f"{r['prompt_tokens']:,}",
              f"{r['completion_tokens']:,}", f"{r['cached_tokens']:,}", out.money(r["token_dollars"]),
              out.money(r["dollars_per_1k_requests"]), out.money(r["cache_saving_dollars"]),
              out.money(r["gpu_dollars"])] for r in rep["rows"]]
     t = rep["total"]
-    rows.append(["total", *([""] * (len(keys) - 1)), f"{t['requests']:,}", f"{t['cache_hits']:,}",
+    rows.append(["total", *([""] * (len(keys) - 1)), f"{t['requests']:,}", f"{t['calls']:,}",
+                 f"{t['cache_hits']:,}",
                  f"{t['prompt_tokens']:,}", f"{t['completion_tokens']:,}", f"{t['cached_tokens']:,}",
                  out.money(t["token_dollars"]), "", out.money(t["cache_saving_dollars"]), out.money(t["gpu_dollars"])])
     out.line(f"cost report, window {rep['window']}, prices from {rep['prices_from']}", stdout)
@@ -92,6 +94,8 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
     if t["unattributed_dollars"]:
         out.line(f"unattributed (no request counted for the upstream in the window): "
                  f"{out.money(t['unattributed_dollars'])}", stdout)
+    out.line("requests: answered by the row's tier; calls: billed calls (answers given, answers a later tier "
+             "replaced, a verifier's gradings): token $, cache saving and GPU $ are shared out by them", stdout)
     for k, v in rep["basis"].items():
         out.line(f"{k}: {v}", stdout)
     out.line(f"note: {rep['note']}", stdout)

@@ -137,7 +137,13 @@ def counters(prom: Any, t0: datetime, t1: datetime, router_selector: str = "") -
     try:
         reqs = prom.deltas(f"oculis_requests_total{sel}", ("route", "tier", "upstream", "outcome"), s, e)
         esc = prom.deltas(f"oculis_escalations_total{sel}", ("route", "reason"), s, e)
+        routed = prom.deltas(f"oculis_routed_requests_total{sel}", ("route", "tier", "upstream"), s, e)
+        replaced = prom.deltas(f"oculis_answers_replaced_total{sel}", ("route", "tier", "upstream"), s, e)
+        grades = prom.deltas(f"oculis_answer_grades_total{sel}", ("route", "verifier", "outcome"), s, e)
         return Counters(
+            routed={(k[0], k[1], k[2]): v for k, v in routed.items()},
+            replaced={(k[0], k[1], k[2]): v for k, v in replaced.items()},
+            gradings={(k[0], k[1], k[2]): v for k, v in grades.items()},
             requests={(k[0], k[1], k[2], k[3]): v for k, v in reqs.items()},
             prompt_tokens=by_upstream("oculis_prompt_tokens_total"),
             completion_tokens=by_upstream("oculis_completion_tokens_total"),

@@ -30,14 +30,25 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
 
 
 def render(rep: dict[str, Any], stdout: TextIO) -> None:
-    cols = ["tier", "upstream", "requests", "share", "avg_cost", "cost", "est_monthly"]
-    rows: list[list[Any]] = [[t["tier"], t["upstream"], f"{t['requests']:,}", out.pct(t["share"]),
+    routed = any("routed" in t for t in rep["tiers"])
+    cols = ["tier", "upstream", *(["routed", "routed share", "replaced"] if routed else []), "requests", "share",
+            "avg_cost", "cost", "est_monthly"]
+
+    def cells(t: dict[str, Any]) -> list[Any]:
+        if not routed:
+            return []
+        if "gradings" in t:
+            return ["", "", f"{t['gradings']:,} gradings"]
+        return [f"{t.get('routed', 0):,}", out.pct(t.get("routed_share")), f"{t.get('replaced_answers', 0):,}"]
+
+    rows: list[list[Any]] = [[t["tier"], t["upstream"], *cells(t), f"{t['requests']:,}", out.pct(t["share"]),
                               out.money(t["avg_cost"]), out.money(t["cost"]), out.money(t["est_monthly"])]
                              for t in rep["tiers"]]
+    pad = ["", "", ""] if routed else []
     tot, base, sav, esc = rep["total"], rep["baseline"], rep["saving"], rep["escalation"]
-    rows.append(["total", "", f"{tot['requests']:,}", "100.0%" if tot["requests"] else "-", "",
+    rows.append(["total", "", *pad, f"{tot['requests']:,}", "100.0%" if tot["requests"] else "-", "",
                  out.money(tot["cost"]), out.money(tot["est_monthly"])])
-    rows.append([f"all-{base['tier']}", base["upstream"], "", "", "", out.money(base["cost"]),
+    rows.append([f"all-{base['tier']}", base["upstream"], *pad, "", "", "", out.money(base["cost"]),
                  out.money(base["est_monthly"])])
     out.line(f"route {rep['route']}, window {rep['window']}", stdout)
     out.table(None, cols, rows, stdout, right=cols[2:])
@@ -49,5 +60,6 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
     out.line(f"escalation rate: {rate} = {esc['escalated']} escalated / {esc['of_requests']} requests the route "
              f"answered ({reasons})", stdout)
     out.line(f"monthly: {rep['monthly_scaling']}; baseline: {base['rule']}", stdout)
+    out.line(f"attribution: {rep['attribution']}", stdout)
     if "cascade" in rep:
         stdout.write(out.cascade_text(rep["cascade"]))

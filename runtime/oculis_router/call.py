@@ -170,6 +170,7 @@ class Calls:
             if low or (verifier is not None and score is not None and score < verifier.min_score):
                 reason = answers.LOW_LOGPROB if low else answers.LOW_SCORE
                 self.metrics.escalations.labels(route_label, reason).inc()
+                self.metrics.answers_replaced.labels(route_label, plan.tier_names[i], up.name, reason).inc()
                 doubted = (JSONResponse(data, headers=hdrs), own, i)
                 replaced.append(plan.tier_names[i])
                 continue

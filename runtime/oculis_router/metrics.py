@@ -21,6 +21,15 @@ class Metrics:
         # error_<status> (refused by the router, no tier could answer, or internal: error_500).
         self.requests = Counter("oculis_requests", "Requests by route, tier, upstream and final outcome",
                                 ["route", "tier", "upstream", "outcome"], registry=r)
+        # The tier a request was routed to (its decision, before failover or answer-level escalation), and
+        # the answers a tier produced (billed) that a later tier replaced: with oculis_requests_total (the
+        # tier that answered) they let route analyze and cost report charge a replaced answer to the tier
+        # and route that caused it, and not re-apply a cascade the counters already observed.
+        self.routed = Counter("oculis_routed_requests", "Requests by the tier the route sent them to first",
+                              ["route", "tier", "upstream"], registry=r)
+        self.answers_replaced = Counter("oculis_answers_replaced", "Answers a tier produced that a later tier's "
+                                        "replaced (escalation.on_answer)", ["route", "tier", "upstream", "reason"],
+                                        registry=r)
         # revision="stable": a tier that failed a request after its retries (it then failed over or got an
         # error); revision="canary": an attempt on the upstream's canary that failed (retried on stable, so
         # no request shows it, and a canary that cannot be reached has no engine metrics either).

@@ -63,6 +63,7 @@ def narrowed(plan: Plan, order: tuple[int, ...], action: str = "") -> Plan:
 def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: str = "chat") -> Plan:
     name = body["model"]
     if name in rt.upstreams:
+        metrics.routed.labels(name, "direct", name).inc()
         return Plan(None, [rt.upstreams[name]], ["direct"], None, False)
     rr = rt.routes.get(name)
     if rr is None:
@@ -84,6 +85,7 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
         raise APIError(why.status, f"route {name!r} has no tier that can take this request: {why.message}",
                        param=why.param, code=why.code)
     tiers = [rr.route.tiers[i] for i in decision.order]
+    metrics.routed.labels(name, tiers[0].name, tiers[0].upstream).inc()
     if decision.escalated:
         metrics.escalations.labels(name, "low_confidence").inc()
     check = rr.route.escalation.on_answer

@@ -65,6 +65,13 @@ def test_an_answer_graded_below_the_bar_is_replaced_and_the_grading_is_billed(ro
     m = metrics(router)
     assert 'oculis_escalations_total{reason="low_answer_score",route="adaptive"} 2.0' in m
     assert 'oculis_answer_grades_total{outcome="fail",route="adaptive",verifier="claude"} 2.0' in m
+    # the tier the request was routed to, and the answers each tier produced that a later one replaced
+    # (route analyze and cost report charge them to this route and tier: attribution_routed_vs_final)
+    assert 'oculis_routed_requests_total{route="adaptive",tier="simple",upstream="llama-8b"} 1.0' in m
+    assert ('oculis_answers_replaced_total{reason="low_answer_score",route="adaptive",tier="simple",'
+            'upstream="llama-8b"} 1.0') in m
+    assert ('oculis_answers_replaced_total{reason="low_answer_score",route="adaptive",tier="standard",'
+            'upstream="llama-70b"} 1.0') in m
     assert 'oculis_completion_tokens_total{upstream="claude"}' in m  # the verifier's tokens are counted ...
     assert 'oculis_cost_dollars_total{upstream="claude"} 0.0\n' not in m  # ... and priced
     line = json.loads(sink.read_text().splitlines()[-1])

@@ -83,8 +83,9 @@ def test_the_windows_answer_escalation_rate_is_the_routers_replaced_answers_over
                         kept += 1
         assert (replaced, kept) == (len(EASY), len(EASY))
         casc = analyze_window(cfg, purl, capsys)
-        # Answers the checked tiers gave: 4 replaced (8B) + 4 kept on 70B after them + 4 kept on 8B.
-        assert casc["tiers"][0]["p_esc"] == pytest.approx(round(replaced / (2 * replaced + kept), 4))
+        # Per tier (attribution_routed_vs_final): the 8B produced 8 answers, 4 replaced; the 70B's 4 all kept.
+        assert casc["tiers"][0]["p_esc"] == pytest.approx(round(replaced / (replaced + kept), 4))
+        assert casc["tiers"][1]["p_esc"] == 0.0 and casc["tiers"][0]["routed_share"] == 1.0
         assert casc["p_esc_source"].startswith("the window")
         assert casc["total"]["cascade_cost"] > casc["total"]["routed_only_cost"] > 0
         assert casc["verifier"]["dollars"] == 0.0  # the logprob check makes no extra call
@@ -108,8 +109,9 @@ def test_the_windows_rate_counts_the_answers_the_verifier_replaced_and_the_casca
         assert tiers == ["standard"] * len(EASY) + ["complex"] * len(EASY)
         assert len(fakes.scripts["claude"].received) == 3 * len(EASY)  # 70B, then 8B and 70B, per prompt
         casc = analyze_window(cfg, purl, capsys)
-        # Replaced: 4 by the logprobs + 8 by the grades; answers the checked tiers gave: those 12 + 4 kept on 70B.
-        assert casc["tiers"][0]["p_esc"] == pytest.approx(12 / 16)
-        assert "low_answer_confidence 4" in casc["p_esc_source"] and "low_answer_score 8" in casc["p_esc_source"]
+        # Per tier: the 8B's 8 answers all replaced (4 by the logprobs, 4 by the grades); the 70B's 8: 4 replaced.
+        assert casc["tiers"][0]["p_esc"] == 1.0 and casc["tiers"][1]["p_esc"] == 0.5
+        assert "simple 8/8" in casc["p_esc_source"] and "standard 4/8" in casc["p_esc_source"]
+        assert casc["tiers"][0]["routed_share"] == 1.0 and casc["tiers"][2]["final_share"] == 0.5
         assert casc["verifier"]["graders"] == {"claude": ["simple", "standard"]} and casc["verifier"]["dollars"] > 0
         assert casc["unchecked"] == {}  # gpt-4o is the last tier; both below it are graded

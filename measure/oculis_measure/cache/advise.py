@@ -48,6 +48,19 @@ def multipliers_from_pricing(p: Pricing, upstream: str) -> Multipliers:
     return Multipliers(round(w, 6), round(r, 6), f"upstream {upstream}'s pricing")
 
 
+def net_saving(cached_tokens: float, written_tokens: float, input_per_mtok: float, m: Multipliers) -> float:
+    """Dollars prompt caching saved: the reads' discount (1 - r) off the input price, minus the premium
+    (w - 1) paid on the writes. The one saving figure: `cost report` and `cache advise` both print it."""
+    return (cached_tokens * (1 - m.read) - written_tokens * (m.write - 1)) * input_per_mtok / 1e6
+
+
+def pricing_saving(p: Pricing, cached_tokens: float, written_tokens: float) -> float:
+    """net_saving at an upstream's own prices ($0 for an upstream without an input price)."""
+    if p.input_per_mtok <= 0:
+        return 0.0
+    return net_saving(cached_tokens, written_tokens, p.input_per_mtok, multipliers_from_pricing(p, ""))
+
+
 @dataclass(frozen=True)
 class Observed:
     """Prompt-token counters of one upstream over the window (increase())."""
@@ -96,8 +109,7 @@ def advise(upstream: str, m: Multipliers, obs: Observed | None, input_per_mtok: 
         out["hits_per_write"] = None
         out["hits_per_write_basis"] = "every prompt token was a cache read"
     writes = obs.cache_write_tokens or 0.0
-    out["saving_dollars"] = round((obs.cached_tokens * (1 - m.read) - writes * (m.write - 1))
-                                  * input_per_mtok / 1e6, 6)
+    out["saving_dollars"] = round(net_saving(obs.cached_tokens, writes, input_per_mtok, m), 6)
     if h > be:
         out.update(verdict="pays", reason=f"observed {_h(h)} hits per write > break-even {be:.3f}")
     elif obs.cache_write_tokens or share == 0:

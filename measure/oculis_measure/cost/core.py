@@ -2,9 +2,15 @@
 
 The router counts requests by (route, tier, upstream, outcome) but tokens and dollars by upstream
 only (runtime/oculis_router/metrics.py). A route/tier's share of an upstream's tokens and dollars is
-therefore its share of the requests that reached that upstream (outcomes other than cache_hit and
-the router's own refusals). That is exact when an upstream serves one route and tier, and an
-estimate weighted by request count when several share it; the report says so.
+therefore its share of the calls that reached that upstream: the answers it gave (outcomes other
+than cache_hit and the router's own refusals), the answers a later tier replaced
+(oculis_answers_replaced_total, charged to the tier and route that produced them) and, for a
+verifier upstream, its gradings (oculis_answer_grades_total, charged to the route whose answers it
+graded, as tier "(verifier)"). That is exact when an upstream serves one route and tier, and an
+estimate weighted by call count when several share it; the report says so.
+
+GPU dollars are on the allocation basis: a priced upstream's reserved GPUs cost their hours whether
+busy or not, shared out by the same calls, and an upstream no call reached is an "(idle)" row.
 
 Dollars come from `oculis_cost_dollars_total` (priced by the router with the same
 `usage.cost_dollars`), so the totals agree with the metric; re-pricing (baselines, cache savings)
@@ -36,6 +42,11 @@ class Counters:
     cache_write_tokens: dict[str, float] = field(default_factory=dict)  # an upstream absent: not counted
     cost: dict[str, float] = field(default_factory=dict)
     escalations: dict[tuple[str, str], float] = field(default_factory=dict)  # route, reason
+    # route, tier, upstream: the tier the route sent each request to first (before failover or replacement)
+    routed: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    # route, tier, upstream: answers the tier produced (billed) that a later tier's answer replaced
+    replaced: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    gradings: dict[tuple[str, str, str], float] = field(default_factory=dict)  # route, verifier upstream, outcome
 
 
 @dataclass(frozen=True)
@@ -51,9 +62,14 @@ class Cell:
     route: str
     tier: str
     upstream: str
-    requests: float = 0.0
+    requests: float = 0.0  # answered here (the final tier)
     cache_hits: float = 0.0
-    share_of_upstream: float = 0.0  # of the upstream's billed requests
+    routed: float = 0.0  # requests the route sent here first
+    replaced: float = 0.0  # answers produced here that a later tier replaced (billed all the same)
+    gradings: float = 0.0  # a verifier's gradings of this route's answers
+    calls: float = 0.0  # billed calls: answers given + answers replaced + gradings
+    share_of_upstream: float = 0.0  # of the upstream's billed calls
+    cache_write_tokens: float = 0.0
     prompt_tokens: float = 0.0
     completion_tokens: float = 0.0
     cached_tokens: float = 0.0
@@ -66,6 +82,11 @@ class Cell:
                      cached=round(self.cached_tokens), cache_written=0)
 
 
+VERIFIER_TIER = "(verifier)"  # the tier label of a verifier's gradings
+IDLE = "(idle)"  # the route label of a GPU-priced upstream no call reached in the window
+GRADED = ("pass", "fail", "unscored")  # oculis_answer_grades_total outcomes where the verifier answered (billed)
+
+
 def billed(outcome: str) -> bool:
     """Outcomes where the request reached its upstream (and may have used tokens)."""
     return outcome != "cache_hit" and not outcome.startswith("error_") and outcome != "client_closed"
@@ -73,39 +94,61 @@ def billed(outcome: str) -> bool:
 
 def cells(c: Counters, pricing: dict[str, Pricing], gpu: dict[str, GPUCost] | None = None,
           window_hours: float = 0.0) -> list[Cell]:
-    """Every (route, tier, upstream) with requests in the window, with its share of its upstream's
-    tokens, dollars and (allocation basis: reserved GPUs are paid whether busy or not) GPU-hours."""
+    """Every (route, tier, upstream) with requests or calls in the window, with its share of its
+    upstream's tokens, dollars and (allocation basis: reserved GPUs are paid whether busy or not)
+    GPU-hours; plus an "(idle)" cell per GPU-priced upstream no call reached."""
+    from oculis_measure.cache.advise import pricing_saving
+
     gpu = gpu or {}
-    per_upstream: dict[str, float] = defaultdict(float)
     out: dict[tuple[str, str, str], Cell] = {}
+
+    def cell(route: str, tier: str, upstream: str) -> Cell:
+        return out.setdefault((route, tier, upstream), Cell(route, tier, upstream))
+
     for (route, tier, upstream, outcome), n in c.requests.items():
         if upstream == "-" or n <= 0:  # refused before any tier was chosen
             continue
-        cell = out.setdefault((route, tier, upstream), Cell(route, tier, upstream))
-        cell.requests += n
+        x = cell(route, tier, upstream)
+        x.requests += n
         if outcome == "cache_hit":
-            cell.cache_hits += n
+            x.cache_hits += n
         elif billed(outcome):
-            per_upstream[upstream] += n
-    billed_by_cell: dict[tuple[str, str, str], float] = defaultdict(float)
-    for (route, tier, upstream, outcome), n in c.requests.items():
-        if upstream != "-" and n > 0 and billed(outcome):
-            billed_by_cell[(route, tier, upstream)] += n
-    for key, cell in out.items():
-        total = per_upstream.get(cell.upstream, 0.0)
-        f = billed_by_cell[key] / total if total else 0.0
-        u = cell.upstream
-        cell.share_of_upstream = f
-        cell.prompt_tokens = f * c.prompt_tokens.get(u, 0.0)
-        cell.completion_tokens = f * c.completion_tokens.get(u, 0.0)
-        cell.cached_tokens = f * c.cached_tokens.get(u, 0.0)
-        cell.token_dollars = f * c.cost.get(u, 0.0)
+            x.calls += n
+    for (route, tier, upstream), n in c.replaced.items():
+        if n > 0:
+            x = cell(route, tier, upstream)
+            x.replaced += n
+            x.calls += n
+    for (route, verifier, outcome), n in c.gradings.items():
+        if n > 0 and outcome in GRADED:
+            x = cell(route, VERIFIER_TIER, verifier)
+            x.gradings += n
+            x.calls += n
+    for (route, tier, upstream), n in c.routed.items():
+        if n > 0:
+            cell(route, tier, upstream).routed += n
+    per_upstream: dict[str, float] = defaultdict(float)
+    for x in out.values():
+        per_upstream[x.upstream] += x.calls
+    for x in out.values():
+        total = per_upstream.get(x.upstream, 0.0)
+        f = x.calls / total if total else 0.0
+        u = x.upstream
+        x.share_of_upstream = f
+        x.prompt_tokens = f * c.prompt_tokens.get(u, 0.0)
+        x.completion_tokens = f * c.completion_tokens.get(u, 0.0)
+        x.cached_tokens = f * c.cached_tokens.get(u, 0.0)
+        x.cache_write_tokens = f * c.cache_write_tokens.get(u, 0.0)
+        x.token_dollars = f * c.cost.get(u, 0.0)
         p = pricing.get(u)
-        if p is not None and p.cached_input_per_mtok is not None:
-            cell.cache_saving_dollars = cell.cached_tokens * (p.input_per_mtok - p.cached_input_per_mtok) / 1e6
+        if p is not None:
+            x.cache_saving_dollars = pricing_saving(p, x.cached_tokens, x.cache_write_tokens)
         g = gpu.get(u)
         if g is not None:
-            cell.gpu_dollars = f * g.dollars_per_gpu_hour * g.gpus * window_hours
+            x.gpu_dollars = f * g.dollars_per_gpu_hour * g.gpus * window_hours
+    for u, g in gpu.items():
+        if not per_upstream.get(u):
+            cell(IDLE, "-", u).gpu_dollars = g.dollars_per_gpu_hour * g.gpus * window_hours
     return sorted(out.values(), key=lambda x: (x.route, x.tier, x.upstream))
 
 
@@ -134,6 +177,9 @@ def report(cs: list[Cell], group_by: list[str], unattributed: float, window: str
         g = groups.setdefault(key, defaultdict(float))
         g["requests"] += x.requests
         g["cache_hits"] += x.cache_hits
+        g["calls"] += x.calls
+        g["replaced_answers"] += x.replaced
+        g["gradings"] += x.gradings
         g["prompt_tokens"] += x.prompt_tokens
         g["completion_tokens"] += x.completion_tokens
         g["cached_tokens"] += x.cached_tokens
@@ -158,9 +204,12 @@ def report(cs: list[Cell], group_by: list[str], unattributed: float, window: str
         "total": _rounded(totals) | {"unattributed_dollars": round(unattributed, 10)},
         "basis": {
             "token_dollars": "usage: oculis_cost_dollars_total, shared out by each route/tier's share of the "
-                             "upstream's requests",
-            "cache_saving_dollars": "cached prompt tokens x (input price - cached input price)",
-            "gpu_dollars": ("allocation: pricing.gpuHourDollars x GPUs x window hours, shared out by requests"
+                             "upstream's calls (answers given, answers a later tier replaced, a verifier's gradings "
+                             "as tier (verifier))",
+            "cache_saving_dollars": "net: cached prompt tokens x (input - cached input price) - cache-write tokens x "
+                                    "(cache-write - input price), as cache advise's saving_dollars",
+            "gpu_dollars": ("allocation: pricing.gpuHourDollars x GPUs x window hours of every priced upstream, "
+                            "shared out by the calls column; an upstream no call reached is an (idle) row"
                             if gpu_priced else "no upstream has pricing.gpuHourDollars"),
         },
         "note": ESTIMATE_NOTE,
@@ -169,7 +218,8 @@ def report(cs: list[Cell], group_by: list[str], unattributed: float, window: str
 
 def _rounded(g: dict[str, float]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for k in ("requests", "cache_hits", "prompt_tokens", "completion_tokens", "cached_tokens"):
+    for k in ("requests", "calls", "replaced_answers", "gradings", "cache_hits", "prompt_tokens",
+              "completion_tokens", "cached_tokens"):
         out[k] = round(g.get(k, 0.0))
     for k in ("token_dollars", "cache_saving_dollars", "gpu_dollars"):
         out[k] = round(g.get(k, 0.0), 10)

@@ -10,13 +10,14 @@ cost scaled by 30 days / the window length, and the table says so.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from oculis import Pricing, Route
 from oculis.router import Upstream
-from oculis_measure.cost.core import Cell, Counters, cells, reprice
+from oculis_measure.cost.core import VERIFIER_TIER, Cell, Counters, cells, reprice
 from oculis_measure.route import cascade
 
 MONTH_DAYS = 30
@@ -76,27 +77,44 @@ def _human(d: timedelta) -> str:
 
 
 def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds: float) -> dict[str, Any]:
-    """The seed's per-tier table for one route, as a JSON-ready dict."""
+    """The seed's per-tier table for one route, as a JSON-ready dict. Per tier: the requests it answered
+    (final) and, from routers that count them, the requests the route sent it first (routed) and its
+    answers a later tier replaced; its cost is every answer it produced, replaced ones included, and the
+    verifier's gradings of the route's answers are a row of their own, so the total is what the route cost."""
     scale = MONTH_DAYS * 86400 / window_seconds
     mine = [x for x in cells(c, pricing) if x.route == route.name]
     strongest = route.tiers[-1]
     strong_price = pricing.get(strongest.upstream, Pricing())
     by_tier: dict[str, list[Cell]] = {t.name: [] for t in route.tiers}
+    graders = [x for x in mine if x.tier == VERIFIER_TIER]
     for x in mine:
-        by_tier.setdefault(x.tier, []).append(x)
-    total_requests = sum(x.requests for x in mine)
+        if x.tier != VERIFIER_TIER:
+            by_tier.setdefault(x.tier, []).append(x)
+    total_requests = sum(x.requests for xs in by_tier.values() for x in xs)
+    total_routed = sum(x.routed for xs in by_tier.values() for x in xs)
     rows, total_cost, baseline = [], 0.0, 0.0
     for name, xs in by_tier.items():
         n = sum(x.requests for x in xs)
         cost = sum(x.token_dollars for x in xs)
-        base = sum(reprice(x, strong_price) for x in xs)
+        # the baseline re-prices the answers the route gave (a replaced answer is no request of its own)
+        base = sum(reprice(x, strong_price) * ((x.calls - x.replaced) / x.calls if x.calls else 1.0) for x in xs)
         total_cost += cost
         baseline += base
         upstreams = sorted({x.upstream for x in xs}) or [t.upstream for t in route.tiers if t.name == name]
-        rows.append({"tier": name, "upstream": ",".join(upstreams), "requests": round(n),
-                     "share": round(n / total_requests, 4) if total_requests else 0.0,
-                     "avg_cost": round(cost / n, 10) if n else None, "cost": round(cost, 10),
-                     "est_monthly": round(cost * scale, 2)})
+        row = {"tier": name, "upstream": ",".join(upstreams), "requests": round(n),
+               "share": round(n / total_requests, 4) if total_requests else 0.0,
+               "avg_cost": round(cost / n, 10) if n else None, "cost": round(cost, 10),
+               "est_monthly": round(cost * scale, 2)}
+        if total_routed:
+            routed, replaced = sum(x.routed for x in xs), sum(x.replaced for x in xs)
+            row |= {"routed": round(routed), "routed_share": round(routed / total_routed, 4),
+                    "replaced_answers": round(replaced)}
+        rows.append(row)
+    for x in graders:
+        total_cost += x.token_dollars
+        rows.append({"tier": VERIFIER_TIER, "upstream": x.upstream, "requests": 0, "share": 0.0,
+                     "gradings": round(x.gradings), "avg_cost": None, "cost": round(x.token_dollars, 10),
+                     "est_monthly": round(x.token_dollars * scale, 2)})
     escalated = {reason: v for (r, reason), v in c.escalations.items() if r == route.name and v > 0}
     n_esc = sum(escalated.values())
     saving = baseline - total_cost
@@ -114,6 +132,12 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
                        "rate": round(n_esc / total_requests, 4) if total_requests else None,
                        "by_reason": {k: round(v) for k, v in sorted(escalated.items())},
                        "rule": "requests moved up a tier / all requests the route answered in the window"},
+        "attribution": ("routed: the tier the route sent each request to first (oculis_routed_requests_total); "
+                        "requests: the tier that answered; cost: every answer a tier produced, replaced ones "
+                        "included, and the verifier's gradings as (verifier)" if total_routed else
+                        "requests and cost by the tier that answered (this router does not count routed tiers: "
+                        "a replaced answer's cost is in its own tier's, a tier that only produced replaced "
+                        "answers shows 0 requests)"),
         "monthly_scaling": f"est_monthly = window cost x {MONTH_DAYS} d / "
                            f"{_human(timedelta(seconds=window_seconds))} = x {scale:.4g}",
         "scale": round(scale, 10),
@@ -121,16 +145,62 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
 
 
 def window_cascade(route: Route, upstreams: dict[str, Upstream], c: Counters, rate: float | None) -> dict[str, Any]:
-    """Routed-only vs cascade cost over the window's tier split and tokens. p_esc: measured in the
-    window when the route checks answers and they produced any, else `rate` (the flag), else 0."""
+    """Routed-only vs cascade cost over the window. Where the router counts routed tiers, each request
+    is placed at the tier it was routed to (never at the tier that answered: the cascade is not applied
+    again on top of one the counters already observed), with that tier's tokens per answer, and p_esc is
+    measured per tier: answers replaced / answers the tier produced. Otherwise the window's requests at
+    the tier that answered, p_esc pooled (cascade.window_rate), the flag or 0."""
     checked = {route.tiers[i].name for i in cascade.checked_tiers(route, upstreams, False)}
+    index = {t.name: i for i, t in enumerate(route.tiers)}
+    pricing = {name: up.pricing for name, up in upstreams.items()}
+    mine = [x for x in cells(c, pricing) if x.route == route.name]
+    routed = {name: sum(x.routed for x in mine if x.tier == name) for name in index}
+    if sum(routed.values()) > 0:
+        return _observed_cascade(route, upstreams, c, mine, routed, checked, rate)
     measured, what = cascade.window_rate(route, checked, c.requests, c.escalations) if checked else (None, "")
     p, what_if, source = cascade.resolve_rate(route, measured, what, rate)
     tiers, why = cascade.tiers_for(route, upstreams, p, what_if)
-    index = {t.name: i for i, t in enumerate(route.tiers)}
-    pricing = {name: up.pricing for name, up in upstreams.items()}
     requests = [cascade.Request(index[x.tier], x.prompt_tokens, x.completion_tokens, x.requests, x.cached_tokens)
-                for x in cells(c, pricing) if x.route == route.name and x.tier in index and x.requests > 0]
+                for x in mine if x.tier in index and x.requests > 0]
     return cascade.report(tiers, requests, source, (
         "the window's tokens per tier (the router's counters, shared out by requests as in the table above), each "
         "request counted at the tier that answered it; a replaced answer's tokens are already in its own tier's"), why)
+
+
+def _observed_cascade(route: Route, upstreams: dict[str, Upstream], c: Counters, mine: list[Cell],
+                      routed: dict[str, float], checked: set[str], rate: float | None) -> dict[str, Any]:
+    index = {t.name: i for i, t in enumerate(route.tiers)}
+    answered = {name: sum(v for (r, tier, _, outcome), v in c.requests.items()
+                          if r == route.name and tier == name and outcome == "ok") for name in index}
+    replaced = {name: sum(x.replaced for x in mine if x.tier == name) for name in index}
+    per_tier = {name: replaced[name] / (answered[name] + replaced[name])
+                for name in checked if answered[name] + replaced[name] > 0}
+    p, what_if, source = cascade.resolve_rate(route, None, "", rate)
+    if per_tier:
+        what_if, source = False, ("the window, per tier: oculis_answers_replaced_total / answers the tier produced "
+                                  "(answered + replaced): " + ", ".join(
+                                      f"{k} {replaced[k]:g}/{answered[k] + replaced[k]:g}" for k in sorted(per_tier)))
+    tiers, why = cascade.tiers_for(route, upstreams, p, what_if)
+    if per_tier:
+        tiers = [dataclasses.replace(t, p_esc=per_tier.get(t.name, 0.0)) for t in tiers]
+    calls = [x for x in mine if x.tier in index and x.calls > 0]
+    n_all = sum(x.calls for x in calls)
+    requests = []
+    for name, n in routed.items():
+        if n <= 0:
+            continue
+        xs = [x for x in calls if x.tier == name] or calls  # no billed answer there: the route's average
+        k = sum(x.calls for x in xs) or n_all or 1.0
+        requests.append(cascade.Request(index[name], n * sum(x.prompt_tokens for x in xs) / k,
+                                        n * sum(x.completion_tokens for x in xs) / k, n,
+                                        n * sum(x.cached_tokens for x in xs) / k))
+    rep = cascade.report(tiers, requests, source, (
+        "each request at the tier the route sent it to (oculis_routed_requests_total), with that tier's tokens "
+        "per answer (the router's counters, shared out by calls); the cascade is projected from there, not "
+        "applied again to answers that had already escalated"), why)
+    spent = sum(x.token_dollars for x in mine)
+    total = sum(routed.values())
+    rep["observed"] = {"dollars": round(spent, 10), "per_request": round(spent / total, 10),
+                       "what": "what the route cost in the window: every answer its tiers produced, replaced ones "
+                               "included, and the verifier's gradings (the cascade as it ran)"}
+    return rep
