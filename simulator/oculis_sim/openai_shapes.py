@@ -18,11 +18,12 @@ def usage(prompt: int, completion: int, cached: int | None = None, streamed: boo
     A stream's usage chunk leaves the unset details out."""
     use: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
                            "completion_tokens": completion}
-    details = None if cached is None else {"cached_tokens": cached}
-    if not streamed:
+    if not streamed:  # PromptTokenUsageInfo, its unset fields null as vLLM serializes bodies
+        details = None if cached is None else {"cached_tokens": cached, "created_cache_tokens": None,
+                                               "multimodal_tokens": None}
         use.update(prompt_tokens_details=details, completion_tokens_details=None)
-    elif details is not None:
-        use["prompt_tokens_details"] = details
+    elif cached is not None:  # chunks leave unset fields out
+        use["prompt_tokens_details"] = {"cached_tokens": cached}
     return use
 
 

@@ -197,3 +197,19 @@ def test_unknown_flags_are_refused_as_vllm_refuses_them() -> None:
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 2 and time.monotonic() - start_s < 30
     assert proc.stderr == "oculis sim serve: error: unrecognized arguments: --preemption-mode recompute\n"
+
+
+def test_usage_reports_cached_prompt_tokens_with_vllms_flag() -> None:
+    """usage.prompt_tokens_details (cached prompt tokens) as vLLM gives it with --enable-prompt-tokens-details;
+    null without the flag, as vLLM."""
+    proc, base = start("--enable-prompt-tokens-details")
+    try:
+        prompt = "the same long prompt " * 20  # 80 tokens: four full blocks of 16
+        first = httpx.post(f"{base}/v1/completions", json={"prompt": prompt, "max_tokens": 2}).json()["usage"]
+        again = httpx.post(f"{base}/v1/completions", json={"prompt": prompt, "max_tokens": 2}).json()["usage"]
+        assert first["prompt_tokens_details"]["cached_tokens"] == 0
+        assert again["prompt_tokens_details"] == {"cached_tokens": 64, "created_cache_tokens": None,
+                                                  "multimodal_tokens": None}
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
