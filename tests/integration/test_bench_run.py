@@ -19,8 +19,8 @@ import httpx
 import pytest
 import yaml
 from e2e_support import eventually
-from fake_upstreams import free_port
 from router_support import start_prometheus, start_router
+from sim_support import start_sim
 
 from oculis_cli.main import main
 
@@ -43,21 +43,8 @@ class Stack:
 
 
 def _sim(max_num_seqs: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "oculis_cli.main", "sim", "serve", MODEL, "--gpu", "H100-80GB",
-                             f"--max-num-seqs={max_num_seqs}", "--max-model-len=4096", SPEC, "--host", "127.0.0.1",
-                             "--port", str(port)], stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, log.read_text()
-        try:
-            return httpx.get(f"{base}/health", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    eventually(up, timeout=30, what="oculis sim serve answers /health")
-    return proc, base
+    return start_sim(MODEL, "--gpu", "H100-80GB", f"--max-num-seqs={max_num_seqs}", "--max-model-len=4096", SPEC,
+                     log=log)
 
 
 def _config(engine: str) -> dict[str, object]:

@@ -5,45 +5,29 @@ it is simulated everywhere, exports vLLM's metric names, and refuses an over-lon
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from e2e_support import eventually
-from fake_upstreams import free_port
+from sim_support import start_sim, stop
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 MAX_LEN = 512
 
 
 @pytest.fixture(scope="module")
-def sim() -> Iterator[str]:
-    port = free_port()
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("sim") / "sim.log"
     # a pod's rendered arguments (incl. a flag the simulator ignores), then the stand-in's overrides
-    argv = [sys.executable, "-m", "oculis_cli.main", "sim", "serve", MODEL, "--host=0.0.0.0", "--port=8000",
-            f"--served-model-name={MODEL}", "--tensor-parallel-size=1", f"--max-model-len={MAX_LEN}",
-            "--max-num-seqs=32", "--max-num-batched-tokens=2048", "--gpu-memory-utilization=0.92",
-            "--enable-prefix-caching", "--enforce-eager",
-            '--speculative-config={"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3}',
-            "--gpu", "NVIDIA-H100-80GB-HBM3", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[2])
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, proc.communicate()[1]
-        try:
-            return httpx.get(f"{base}/health", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    eventually(up, timeout=30, what="oculis sim serve answers /health")
+    proc, base = start_sim(MODEL, "--host=0.0.0.0", "--port=8000", f"--served-model-name={MODEL}",
+                           "--tensor-parallel-size=1", f"--max-model-len={MAX_LEN}", "--max-num-seqs=32",
+                           "--max-num-batched-tokens=2048", "--gpu-memory-utilization=0.92", "--enable-prefix-caching",
+                           "--enforce-eager",
+                           '--speculative-config={"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3}',
+                           "--gpu", "NVIDIA-H100-80GB-HBM3", log=log)
     yield base
-    proc.terminate()
-    _, err = proc.communicate(timeout=10)
+    stop(proc)
+    err = log.read_text()
     assert "ignoring what vLLM accepts and the simulator does not model: --enforce-eager" in err
     assert "SIMULATED" in err
 

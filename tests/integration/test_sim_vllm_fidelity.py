@@ -16,44 +16,29 @@ import httpx
 import pytest
 from e2e_support import eventually
 from fake_upstreams import free_port
+from sim_support import start_sim, stop
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ROOT = Path(__file__).resolve().parents[2]
 MAX_LEN = 512
 
 
-def start(*flags: str) -> tuple[subprocess.Popen[str], str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "oculis_cli.main", "sim", "serve", MODEL, "--gpu", "H100-80GB",
-                             "--port", str(port), f"--max-model-len={MAX_LEN}", *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, proc.communicate()[1]
-        try:
-            return httpx.get(f"{base}/health", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    eventually(up, timeout=30, what="oculis sim serve answers /health")
-    return proc, base
+def start(*flags: str) -> tuple[subprocess.Popen[bytes], str]:
+    return start_sim(MODEL, "--gpu", "H100-80GB", f"--max-model-len={MAX_LEN}", *flags)
 
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[str]:
     proc, base = start("--served-model-name", "first", "second", "--max-num-seqs", "4")
     yield base
-    proc.terminate()
-    proc.communicate(timeout=10)
+    stop(proc)
 
 
 @pytest.fixture(scope="module")
 def doubtful() -> Iterator[str]:
     proc, base = start("--sim-mean-logprob", "-2.5")
     yield base
-    proc.terminate()
-    proc.communicate(timeout=10)
+    stop(proc)
 
 
 def chat(base: str, **extra: object) -> httpx.Response:
@@ -211,5 +196,4 @@ def test_usage_reports_cached_prompt_tokens_with_vllms_flag() -> None:
         assert again["prompt_tokens_details"] == {"cached_tokens": 64, "created_cache_tokens": None,
                                                   "multimodal_tokens": None}
     finally:
-        proc.terminate()
-        proc.communicate(timeout=10)
+        stop(proc)
