@@ -129,8 +129,10 @@ def simulate(p: Point) -> tuple[float, dict[str, Any]]:
 
 # Speculative decoding at batch 1 (vllm#16937: Llama-3.1-8B, H100, MT-Bench, V1): speed-up of output tok/s over
 # no speculation, with the simulator's default per-position acceptance for the method.
-SPEC_POINTS = [("EAGLE-1 k=2", '{"method": "eagle", "num_speculative_tokens": 2}', 1.51),
-               ("EAGLE-3 k=2", '{"method": "eagle3", "num_speculative_tokens": 2}', 1.65)]
+SPEC_POINTS = [("EAGLE-1 k=2", '{"method": "eagle", "num_speculative_tokens": 2, '
+                                '"model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"}', 1.51),
+               ("EAGLE-3 k=2", '{"method": "eagle3", "num_speculative_tokens": 2, '
+                                '"model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}', 1.65)]
 
 
 def spec_speedups() -> None:

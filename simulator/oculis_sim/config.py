@@ -207,11 +207,9 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
     engine = Engine(max_model_len=length, max_num_seqs=seqs, max_num_batched_tokens=max(tokens, seqs),
                     gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_dtype,
                     quantization=quantization,
-                    # An EAGLE head named by method alone has no checkpoint the schema can render: plan
-                    # without it (a head is one layer: its weights and KV are small next to the target's).
-                    speculative=(Speculative(draft_model=spec.draft_model, num_speculative_tokens=min(
+                    speculative=(Speculative(draft_model=spec.draft_model or spec.head, num_speculative_tokens=min(
                         spec.num_speculative_tokens, 16), method=None if spec.draft_model else spec.method)
-                        if spec and (spec.draft_model or spec.method not in ("eagle", "eagle3")) else None))
+                        if spec else None))
     plan = capacity.plan(model, gpu, tp, engine, draft=draft, model_name=model_name, vllm_version=version)
     if plan.kv_budget_bytes <= 0:
         raise SimConfigError(

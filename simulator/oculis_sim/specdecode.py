@@ -25,6 +25,7 @@ class SpecConfig:
     method: str  # one of METHODS
     num_speculative_tokens: int
     draft_model: str | None
+    head: str | None = None  # an EAGLE/EAGLE-3 head checkpoint (its weights are not planned: a layer or two)
 
 
 class SpecConfigError(ValueError):
@@ -50,10 +51,15 @@ def parse(text: str) -> SpecConfig:
     elif method not in METHODS:
         raise SpecConfigError(f"method {method!r} is not simulated; use one of ngram, eagle, eagle3, mtp, "
                               "or a draft `model`")
+    if method in ("eagle", "eagle3") and not model:  # vLLM refuses it at start, in these words
+        raise SpecConfigError(f"method {method} needs `model`: num_speculative_tokens was provided but without "
+                              "speculative model; name the EAGLE head checkpoint (e.g. \"model\": "
+                              "\"yuhuili/EAGLE3-LLaMA3.1-Instruct-8B\")")
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise SpecConfigError(f"num_speculative_tokens {k!r} must be a positive integer (vLLM requires it "
                               "when the draft config does not set it)")
-    return SpecConfig(method, k, model if method == "draft_model" else None)
+    return SpecConfig(method, k, model if method == "draft_model" else None,
+                      model if method in ("eagle", "eagle3") else None)
 
 
 class AcceptanceSampler:

@@ -149,7 +149,8 @@ def test_engine_spec_decode_counters_keep_vllms_invariants() -> None:
     from oculis_sim.specdecode import expected_tokens_per_step
 
     s = config.resolve(MODEL, "H100-80GB", max_model_len="4096", acceptance_rate=0.6,
-                       speculative_config='{"method": "eagle", "num_speculative_tokens": 3}')
+                       speculative_config='{"method": "eagle", "num_speculative_tokens": 3, '
+                                          '"model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}')
     core = EngineCore(s)
     for i in range(8):
         core.add(Request(i, 50, 400))
@@ -195,3 +196,12 @@ def test_replay_refuses_requests_longer_than_max_model_len_as_vllm_would(capsys,
                  "--workload", str(wl)]) == 0
     out = capsys.readouterr().out
     assert "requests 1 (1 refused: longer than max_model_len)" in out
+
+
+def test_one_line_errors_eagle_without_its_head_is_refused_as_vllm_refuses_it(capsys) -> None:  # type: ignore[no-untyped-def]
+    """vLLM refuses an EAGLE method without its head checkpoint; the simulator said so with a pydantic
+    traceback (the schema refuses it since the real-engine tier)."""
+    code = cli.main(["replay", "--model", MODEL, "--gpu", "H100-80GB", "--workload", "nofile.yaml",
+                     "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3}'])
+    err = capsys.readouterr().err
+    assert code == 2 and "without speculative model" in err and "Traceback" not in err and err.count("\n") == 1
