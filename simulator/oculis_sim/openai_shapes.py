@@ -13,17 +13,21 @@ from typing import Any
 from oculis_sim import FINGERPRINT
 
 
-def usage(prompt: int, completion: int, cached: int | None = None, streamed: bool = False) -> dict[str, Any]:
-    """UsageInfo; prompt_tokens_details only with --enable-prompt-tokens-details (cached is then not None).
-    A stream's usage chunk leaves the unset details out."""
+def usage(prompt: int, completion: int, cached: int | None = None, created: int = 0, streamed: bool = False,
+          chat: bool = True) -> dict[str, Any]:
+    """UsageInfo. prompt_tokens_details only with --enable-prompt-tokens-details (cached is then not None):
+    chat also reports the prompt tokens this request wrote to the prefix cache, completions does not; a
+    stream's usage chunk leaves unset fields out, bodies say null."""
     use: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
                            "completion_tokens": completion}
-    if not streamed:  # PromptTokenUsageInfo, its unset fields null as vLLM serializes bodies
-        details = None if cached is None else {"cached_tokens": cached, "created_cache_tokens": None,
-                                               "multimodal_tokens": None}
+    details: dict[str, Any] | None = None
+    if cached is not None:
+        details = {"cached_tokens": cached, "created_cache_tokens": created if chat else None,
+                   "multimodal_tokens": None}
+    if not streamed:
         use.update(prompt_tokens_details=details, completion_tokens_details=None)
-    elif cached is not None:  # chunks leave unset fields out
-        use["prompt_tokens_details"] = {"cached_tokens": cached}
+    elif details is not None:
+        use["prompt_tokens_details"] = {k: v for k, v in details.items() if v is not None}
     return use
 
 

@@ -346,12 +346,14 @@ class SimServer:
             self.in_flight -= 1
         generated = sum(ch.pos for ch in call.choices)
         cached = min(ch.cached for ch in call.choices) if self.settings.prompt_tokens_details else None
+        block = self.settings.block_size
+        created = max(0, gen.n_prompt // block * block - (cached or 0)) if self.settings.prefix_caching else 0
         if gen.stream:
             assert resp is not None
             if gen.include_usage:
                 await self._safe_write(call, shapes.event(shapes.usage_chunk(
                     chat, call.id, call.created, call.model,
-                    shapes.usage(gen.n_prompt, generated, cached, streamed=True))))
+                    shapes.usage(gen.n_prompt, generated, cached, created, streamed=True, chat=chat))))
             await self._safe_write(call, shapes.DONE)
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await resp.write_eof()
@@ -369,7 +371,7 @@ class SimServer:
                 prefix = gen.prompt_text if gen.echo else ""
                 choices.append(shapes.completion_choice(ch.index, prefix + text, ch.finish_reason, logprobs))
         return web.json_response(shapes.body(chat, call.id, call.created, call.model, choices,
-                                             shapes.usage(gen.n_prompt, generated, cached)))
+                                             shapes.usage(gen.n_prompt, generated, cached, created, chat=chat)))
 
     async def _wait(self, call: Call, request: web.Request) -> None:
         """Until every choice is done; a client that leaves a non-streamed request aborts it (vLLM does)."""

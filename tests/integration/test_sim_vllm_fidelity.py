@@ -195,5 +195,9 @@ def test_usage_reports_cached_prompt_tokens_with_vllms_flag() -> None:
         assert first["prompt_tokens_details"]["cached_tokens"] == 0
         assert again["prompt_tokens_details"] == {"cached_tokens": 64, "created_cache_tokens": None,
                                                   "multimodal_tokens": None}
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
+        chat = httpx.post(f"{base}/v1/chat/completions", json=body).json()["usage"]["prompt_tokens_details"]
+        assert set(chat) == {"cached_tokens", "created_cache_tokens", "multimodal_tokens"}
+        assert isinstance(chat["created_cache_tokens"], int)
     finally:
         stop(proc)
