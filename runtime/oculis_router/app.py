@@ -61,7 +61,7 @@ class Router:
         if cfg is not None and plan.route is not None:
             self.decisions.write(cfg, decision_entry(cfg, plan.route.route.name, body, plan.complexity,
                                                      plan.confidence, plan.prompt_tokens, resp.status_code,
-                                                     resp.headers))
+                                                     resp.headers, routed_tier=plan.routed_tier()))
         return resp
 
     def keys_env(self, rt: Runtime) -> str | None:
@@ -113,9 +113,12 @@ class Router:
                 return self.logged(plan, body, await held(
                     hold, self.calls.stream(body, plan, endpoint, key, route_label, hold)))
             return self.logged(plan, body, await self.unless_client_leaves(
-                request, held(hold, self.calls.complete(body, plan, endpoint, key, route_label, hold)), route_label))
+                request, held(hold, self.calls.complete(body, plan, endpoint, key, route_label, hold)), route_label,
+                plan))
         except APIError as err:
-            self.metrics.requests.labels(route_label, "-", "-", f"error_{err.status}").inc()
+            # A tier's failure names the tier and upstream that failed last (Calls.failed), a cold start its upstream
+            self.metrics.requests.labels(route_label, err.headers.get("x-oculis-tier", "-"),
+                                         err.headers.get("x-oculis-upstream", "-"), f"error_{err.status}").inc()
             return err.response() if plan is None else self.logged(plan, body, err.response())
         except ClientDisconnect:  # the client left while sending its body: its doing, not an internal error
             self.metrics.requests.labels(route_label, "-", "-", "client_closed").inc()
@@ -129,10 +132,11 @@ class Router:
             return INTERNAL.response()
 
     async def unless_client_leaves(self, request: Request, work: Coroutine[Any, Any, Response],
-                                   route_label: str) -> Response:
+                                   route_label: str, plan: Plan) -> Response:
         """Run `work`, but cancel it if the client disconnects first: its upstream call is then closed
         and the engine stops generating an answer nobody will read (a client timing out and
-        retrying would otherwise pay for the same tokens twice)."""
+        retrying would otherwise pay for the same tokens twice). Counted with the tier and upstream
+        that were answering, as a stream the client leaves is."""
         me = asyncio.current_task()
         assert me is not None
         loop = asyncio.get_running_loop()
@@ -161,8 +165,11 @@ class Router:
             timer.cancel()
             if watcher is not None:
                 watcher.cancel()
-        self.metrics.requests.labels(route_label, "-", "-", "client_closed").inc()
-        return Response(status_code=499)  # nobody reads it; nginx's code for "client closed request"
+        tier, upstream = plan.trying()
+        self.metrics.requests.labels(route_label, tier, upstream, "client_closed").inc()
+        # nobody reads it (nginx's code for "client closed request"); the decision log does
+        return Response(status_code=499, headers={"x-oculis-tier": tier, "x-oculis-upstream": upstream}
+                        if plan.tried else None)
 
 
 def build_app(config_path: Path | None = None, config: RouterConfig | None = None, metrics: Metrics | None = None,

@@ -19,7 +19,7 @@ from oculis_router import cache as rcache
 from oculis_router.errors import APIError
 from oculis_router.limits_store import Hold
 from oculis_router.metrics import Metrics
-from oculis_router.plan import Plan, cache_state
+from oculis_router.plan import ESCALATED_ON_ANSWER, ESCALATED_ON_FAILURE, Plan, cache_state
 from oculis_router.plan import headers as plan_headers
 from oculis_router.providers import relayed_headers
 from oculis_router.relay import SSE_HEADERS, account, estimate_of, estimated_usage, relay, replay
@@ -116,16 +116,19 @@ class Calls:
         if not exc.verdict.credential:  # a refused credential is logged once per upstream, by the caller
             log.warning("%s %s: %s", "no tier left after" if last else "escalating past", up.name, exc)
         if last:
-            raise exc.client_error(up.name) from None
-        self.metrics.escalations.labels(route_label, "upstream_error").inc()
+            err = exc.client_error(up.name)
+            err.headers.update(plan_headers(plan, i, None))  # which tier failed last, and those before it
+            raise err from None
+        plan.moved.append(ESCALATED_ON_FAILURE)
+        self.metrics.escalations.labels(route_label, ESCALATED_ON_FAILURE).inc()
 
     async def complete(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
                         route_label: str, hold: Hold | None = None) -> Response:
         route = plan.route.route if plan.route else None
         # An answer a check doubted, what the headers say of it, and its tier: sent only if no later tier answers.
         doubted: tuple[JSONResponse, dict[str, str], int] | None = None
-        replaced: list[str] = []  # tiers whose answers a later one replaced (x-oculis-replaced-tiers)
         for i, up in enumerate(plan.tiers):
+            plan.tried.append(i)
             t0 = time.perf_counter()
             check = answers.check_for(route, up, i, len(plan.tiers))
             verifier = answers.verifier_for(route, i, len(plan.tiers))
@@ -164,15 +167,13 @@ class Calls:
                 score = await self.grade(verifier, plan, body, data, endpoint, route_label, hold)
                 if score is not None:
                     own["x-oculis-answer-score"] = str(score)
-            hdrs.update({"x-oculis-escalation-reason": "answer", **doubted[1]} if doubted is not None else own)
-            if replaced:  # which tiers answered first: the cascade's cost (eval run) needs the whole chain
-                hdrs["x-oculis-replaced-tiers"] = ",".join(replaced)
+            hdrs.update(doubted[1] if doubted is not None else own)  # a replacement: what doubted the first
             if low or (verifier is not None and score is not None and score < verifier.min_score):
                 reason = answers.LOW_LOGPROB if low else answers.LOW_SCORE
                 self.metrics.escalations.labels(route_label, reason).inc()
                 self.metrics.answers_replaced.labels(route_label, plan.tier_names[i], up.name, reason).inc()
                 doubted = (JSONResponse(data, headers=hdrs), own, i)
-                replaced.append(plan.tier_names[i])
+                plan.moved.append(ESCALATED_ON_ANSWER)
                 continue
             self.metrics.requests.labels(route_label, plan.tier_names[i], up.name, "ok").inc()
             if key is not None and plan.route and plan.route.store and i == 0 and rcache.storable(endpoint, data):
@@ -201,6 +202,7 @@ class Calls:
     async def stream(self, body: dict[str, Any], plan: Plan, endpoint: str, key: str | None,
                       route_label: str, hold: Hold | None = None) -> Response:
         for i, up in enumerate(plan.tiers):
+            plan.tried.append(i)
             t0 = time.perf_counter()
             try:
                 resp, translator = await self.caller.open_stream(up, endpoint, body, self.attempt(plan, i))

@@ -25,6 +25,7 @@ HEADERS = {"tier": "x-oculis-tier", "upstream": "x-oculis-upstream", "cache": "x
            "escalation_reason": "x-oculis-escalation-reason", "request_id": "x-request-id",
            "revision": "x-oculis-revision",  # stable or canary: an engine change's canary, per request
            "replica": "x-oculis-replica"}  # the replica (pod) the router picked, when it picked one
+TIER_LISTS = {"failed_tiers": "x-oculis-failed-tiers", "replaced_tiers": "x-oculis-replaced-tiers"}
 
 
 def prompt_of(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -41,13 +42,20 @@ def prompt_digest(body: Mapping[str, Any]) -> str:
 
 def entry(cfg: DecisionLog, route: str, body: Mapping[str, Any], complexity: float | None,
           confidence: float | None, prompt_tokens: int | None, status: int, headers: Mapping[str, str],
-          now: float | None = None) -> dict[str, Any]:
-    """One line: the decision (tier, complexity, confidence, escalated), the outcome (status, answer
-    log-probability when it was checked) and the prompt (hashed unless the route opts in)."""
+          now: float | None = None, routed_tier: str | None = None) -> dict[str, Any]:
+    """One line: the decision (the tier first routed to, the tier that answered or failed last,
+    complexity, confidence, escalated and why, the tiers that failed or whose answers were replaced on
+    the way), the outcome (status, answer log-probability when it was checked) and the prompt (hashed
+    unless the route opts in)."""
     out: dict[str, Any] = {"ts": round(time.time() if now is None else now, 3), "route": route, "status": status}
+    if routed_tier is not None:
+        out["routed_tier"] = routed_tier
     for key, header in HEADERS.items():
         if header in headers:
             out[key] = headers[header]
+    for key, header in TIER_LISTS.items():
+        if header in headers:
+            out[key] = headers[header].split(",")
     out.update({"complexity": complexity, "confidence": confidence, "prompt_tokens": prompt_tokens,
                 "escalated": headers.get("x-oculis-escalated") == "true"})
     if "x-oculis-answer-logprob" in headers:

@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from starlette.responses import JSONResponse
-
 from oculis import Timeouts, Upstream
 from oculis_router import answer_check as answers
 from oculis_router import decide
@@ -38,6 +36,27 @@ class Plan:
     confidence: float | None = None  # the classifier's (None: not classified), for the decision log
     cold_start: str = ""  # what the route's cold_start did (x-oculis-cold-start): escalated or waited
     verifier: Upstream | None = None  # the route's escalation.on_answer.verifier upstream, if any
+    why: str = ""  # why the first tier is above the one the prompt matched: low_confidence or cold_start
+    # Filled in as the tiers are called (call.py): the positions tried, in order, and why the request
+    # moved past each but the last (ESCALATED_ON_FAILURE, ESCALATED_ON_ANSWER): headers, decision log,
+    # and the labels of a request whose client left mid-call.
+    tried: list[int] = field(default_factory=list)
+    moved: list[str] = field(default_factory=list)
+
+    def routed_tier(self) -> str | None:
+        """The tier the request was first sent to (None: no tier)."""
+        at = self.tried[0] if self.tried else 0
+        return self.tier_names[at] if at < len(self.tier_names) else None
+
+    def trying(self) -> tuple[str, str]:
+        """(tier, upstream) of the tier being called (or last called), or ("-", "-") before any."""
+        if not self.tried:
+            return "-", "-"
+        return self.tier_names[self.tried[-1]], self.tiers[self.tried[-1]].name
+
+
+ESCALATED_ON_FAILURE = "upstream_error"  # the tier failed (after its retries): the next one was tried
+ESCALATED_ON_ANSWER = "answer"  # the tier's answer was doubted (escalation.on_answer) and replaced
 
 
 class ColdStartError(APIError):
@@ -45,19 +64,18 @@ class ColdStartError(APIError):
     Retry-After and x-oculis-cold-start saying which."""
 
     def __init__(self, message: str, action: str, retry_after: float, upstream: str) -> None:
-        super().__init__(503, message, type_="service_unavailable", code=f"cold_start_{action}")
-        self.headers = {"retry-after": str(max(1, round(retry_after))), "x-oculis-cold-start": action,
-                        "x-oculis-upstream": upstream}
-
-    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
-        return super().response({**self.headers, **(headers or {})})
+        super().__init__(503, message, type_="service_unavailable", code=f"cold_start_{action}", headers={
+            "retry-after": str(max(1, round(retry_after))), "x-oculis-cold-start": action,
+            "x-oculis-upstream": upstream})
 
 
 def narrowed(plan: Plan, order: tuple[int, ...], action: str = "") -> Plan:
     """The plan with only the tiers at `order` (positions in its tier list)."""
+    moved_up = bool(order) and order[0] > 0
     return replace(plan, tiers=[plan.tiers[i] for i in order], tier_names=[plan.tier_names[i] for i in order],
                    timeouts=[plan.timeouts[i] for i in order] if plan.timeouts else [],
-                   escalated=plan.escalated or (bool(order) and order[0] > 0), cold_start=action or plan.cold_start)
+                   escalated=plan.escalated or moved_up, cold_start=action or plan.cold_start,
+                   why="cold_start" if moved_up and action == "escalated" else plan.why)
 
 
 def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: str = "chat") -> Plan:
@@ -91,7 +109,8 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
     check = rr.route.escalation.on_answer
     verifier = rt.upstreams.get(check.verifier.upstream) if check is not None and check.verifier else None
     return Plan(rr, [rt.upstreams[t.upstream] for t in tiers], [t.name for t in tiers], c.complexity,
-                decision.escalated, [t.timeouts for t in tiers], c.prompt_tokens, c.confidence, verifier=verifier)
+                decision.escalated, [t.timeouts for t in tiers], c.prompt_tokens, c.confidence, verifier=verifier,
+                why="low_confidence" if decision.escalated else "")
 
 
 async def cold_start(plan: Plan, route_label: str, holder: ConfigHolder, metrics: Metrics) -> Plan:
@@ -136,10 +155,22 @@ def chains(plan: Plan) -> tuple[list[bool], list[answers.Grading | None]]:
     return [answers.replaceable(route, u, i, n) for i, u in enumerate(plan.tiers)], graded
 
 
-def headers(plan: Plan, i: int, cache: str) -> dict[str, str]:
-    """What the client is told of the decision when tier i answers (cache: hit, miss or bypass)."""
-    h = {"x-oculis-tier": plan.tier_names[i], "x-oculis-upstream": plan.tiers[i].name, "x-oculis-cache": cache,
+def headers(plan: Plan, i: int, cache: str | None) -> dict[str, str]:
+    """What the client is told of the decision when tier i answers (cache: hit, miss or bypass; None for
+    an error): the tier, why the request was escalated (the latest reason), and the tiers that failed or
+    whose answers were replaced before it."""
+    h = {"x-oculis-tier": plan.tier_names[i], "x-oculis-upstream": plan.tiers[i].name,
          "x-oculis-escalated": "true" if plan.escalated or i > 0 else "false"}
+    if cache is not None:
+        h["x-oculis-cache"] = cache
+    reasons = ([plan.why] if plan.why else []) + plan.moved
+    if h["x-oculis-escalated"] == "true" and reasons:
+        h["x-oculis-escalation-reason"] = reasons[-1]
+    # in order: the cascade's cost (eval run) needs the whole chain
+    for name, why in (("x-oculis-failed-tiers", ESCALATED_ON_FAILURE),
+                      ("x-oculis-replaced-tiers", ESCALATED_ON_ANSWER)):
+        if passed := [plan.tier_names[t] for t, m in zip(plan.tried, plan.moved, strict=False) if m == why]:
+            h[name] = ",".join(passed)
     if plan.route:  # a call that names an upstream has no route, and gets no empty header for it
         h["x-oculis-route"] = plan.route.route.name
     if plan.complexity is not None:

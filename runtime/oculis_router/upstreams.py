@@ -35,7 +35,6 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 import aiohttp
-from starlette.responses import JSONResponse
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from oculis import Timeouts, Upstream
@@ -279,11 +278,7 @@ class RelayedLimit(APIError):
     """An APIError answered with headers (Retry-After), so the client's SDK backs off as asked."""
 
     def __init__(self, status: int, message: str, headers: dict[str, str], type_: str, code: str) -> None:
-        super().__init__(status, message, type_=type_, code=code)
-        self.headers = headers
-
-    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
-        return super().response({**self.headers, **(headers or {})})
+        super().__init__(status, message, type_=type_, code=code, headers=headers)
 
 
 class UpstreamRejected(Exception):
