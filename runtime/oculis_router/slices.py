@@ -138,18 +138,25 @@ class SliceWatch:
                                  timeout=aiohttp.ClientTimeout(total=None, sock_read=330)) as resp:
             if resp.status != 200:
                 raise OSError(f"watch {url}: status {resp.status}")
-            async for line in resp.content:
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":  # 410 Gone: the version is too old; list again
-                    return
-                name = (obj.get("metadata") or {}).get("name")
-                if kind in ("ADDED", "MODIFIED") and name:
-                    self.slices.setdefault(ns, {})[name] = obj
-                elif kind == "DELETED" and name:
-                    self.slices.get(ns, {}).pop(name, None)
+            buf = b""
+            async for chunk in resp.content.iter_any():  # one JSON event per line, of any length
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip() and not self._apply(ns, json.loads(line)):
+                        return
+
+    def _apply(self, ns: str, event: dict[str, Any]) -> bool:
+        """One watch event applied; False when the watch must start over (410 Gone: list again)."""
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            return False
+        name = (obj.get("metadata") or {}).get("name")
+        if kind in ("ADDED", "MODIFIED") and name:
+            self.slices.setdefault(ns, {})[name] = obj
+        elif kind == "DELETED" and name:
+            self.slices.get(ns, {}).pop(name, None)
+        return True
 
 
 def slice_watch(http: aiohttp.ClientSession) -> SliceWatch | None:
