@@ -118,6 +118,16 @@ class Calls:
         if last:
             err = exc.client_error(up.name)
             err.headers.update(plan_headers(plan, i, None))  # which tier failed last, and those before it
+            esc = plan.route.route.escalation if plan.route else None
+            if plan.cold_skipped and esc and esc.enabled and esc.on_upstream_error:
+                # A later tier would have answered but is at zero: wake it, and say when to come back.
+                for name in plan.cold_skipped:
+                    self.metrics.upstream_demand.labels(name).inc()
+                after = max(1, round(plan.route.route.cold_start_wait_seconds if plan.route else 60.0),
+                            int(err.headers.get("retry-after", "0")))
+                err.message += (f"; the route's later tiers on {', '.join(plan.cold_skipped)} are scaled to zero "
+                                "and were skipped: they are being woken, retry after Retry-After")
+                err.headers.update({"x-oculis-cold-start": "skipped", "retry-after": str(after)})
             raise err from None
         plan.moved.append(ESCALATED_ON_FAILURE)
         self.metrics.escalations.labels(route_label, ESCALATED_ON_FAILURE).inc()

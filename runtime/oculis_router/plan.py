@@ -42,6 +42,7 @@ class Plan:
     # and the labels of a request whose client left mid-call.
     tried: list[int] = field(default_factory=list)
     moved: list[str] = field(default_factory=list)
+    cold_skipped: list[str] = field(default_factory=list)  # later tiers' upstreams left out: scaled to zero
 
     def routed_tier(self) -> str | None:
         """The tier the request was first sent to (None: no tier)."""
@@ -113,6 +114,22 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
                 why="low_confidence" if decision.escalated else "")
 
 
+def cold_start_advice(mode: str | None, later_serving: bool) -> str:
+    """What a client held back by a cold start is told to do, never to set the setting in force: `mode` is
+    the route's cold_start (None: the request named an upstream, no route); `later_serving`: a later
+    tier of the plan has a replica."""
+    if mode is None:
+        return "retry after Retry-After (a request naming an upstream waits for it; name a route to have " \
+               "another tier answer meanwhile)"
+    if mode == "escalate":  # it fell back to waiting: no later tier serves
+        return "retry after Retry-After (cold_start: escalate had no later tier with a replica to answer " \
+               "meanwhile, so the request waited)"
+    if later_serving:
+        return "retry after Retry-After, or set the route's cold_start: escalate (InferenceRoute coldStart) to " \
+               "have the next tier answer meanwhile"
+    return "retry after Retry-After (no later tier of the route has a replica to answer meanwhile)"
+
+
 async def cold_start(plan: Plan, route_label: str, holder: ConfigHolder, metrics: Metrics) -> Plan:
     """Count the demand for the first tier's upstream (it wakes one at zero), then apply the route's
     cold_start to tiers whose upstream is scaled to zero (decide.cold_start)."""
@@ -121,16 +138,22 @@ async def cold_start(plan: Plan, route_label: str, holder: ConfigHolder, metrics
     route = plan.route.route if plan.route else None
     cs = decide.cold_start([u.scaled_to_zero for u in plan.tiers], route.cold_start if route else "wait")
     if cs.action == "none":
-        return plan if len(cs.order) == len(plan.tiers) else narrowed(plan, cs.order)
+        if len(cs.order) == len(plan.tiers):
+            return plan
+        # Later tiers at zero are left out (their call could only fail to connect); should the tiers
+        # that serve fail, the client is told they were skipped and they are woken (call.Calls.failed).
+        return replace(narrowed(plan, cs.order), cold_skipped=[u.name for i, u in enumerate(plan.tiers)
+                                                               if i not in cs.order])
     if cs.action == "escalated":
         metrics.cold_starts.labels(route_label, first.name, "escalated").inc()
         return narrowed(plan, cs.order, "escalated")
     wait_s = route.cold_start_wait_seconds if route else 60.0
+    advice = cold_start_advice(route.cold_start if route else None,
+                               any(not u.scaled_to_zero for u in plan.tiers[1:]))
     if cs.action == "fail":
         metrics.cold_starts.labels(route_label, first.name, "failed").inc()
         raise ColdStartError(f"upstream {first.name!r} is scaled to zero and is being woken (route cold_start: "
-                             "fail); retry after Retry-After, or set coldStart: escalate to have the next tier "
-                             "answer meanwhile", "failed", wait_s, first.name)
+                             f"fail); {advice}", "failed", wait_s, first.name)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         await asyncio.sleep(COLD_START_POLL_S)
@@ -140,8 +163,8 @@ async def cold_start(plan: Plan, route_label: str, holder: ConfigHolder, metrics
             return replace(plan, tiers=[up, *plan.tiers[1:]], cold_start="waited")
     metrics.cold_starts.labels(route_label, first.name, "timeout").inc()
     raise ColdStartError(f"upstream {first.name!r} is scaled to zero and no replica served within "
-                         f"cold_start_wait_seconds ({wait_s:g} s); it is being woken: retry later, or set "
-                         "coldStart: escalate", "timeout", wait_s, first.name)
+                         f"cold_start_wait_seconds ({wait_s:g} s); it is being woken: {advice}", "timeout", wait_s,
+                         first.name)
 
 
 def chains(plan: Plan) -> tuple[list[bool], list[answers.Grading | None]]:

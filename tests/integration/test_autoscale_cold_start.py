@@ -101,3 +101,40 @@ def test_every_upstreams_demand_series_exists_before_its_first_request(router: R
     m = metrics(router)
     for name in ("llama-8b", "llama-70b", "gpt4o", "claude"):
         assert f'oculis_upstream_demand_total{{upstream="{name}"}} 0.0' in m
+
+
+def test_cold_start_messages_never_recommend_the_setting_in_force(router: RouterHandle, fakes: Fakes) -> None:
+    """QA pass 2, finding 18: with every tier at zero, cold_start: escalate falls back to waiting, and its
+    503 said "or set coldStart: escalate". The advice now depends on the setting and on the tiers."""
+    cfg = fakes.config(cache={"enabled": False}, cold_start_wait_seconds=0.3)  # escalate, the default
+    for up in cfg["oculis"]["upstreams"]:
+        up["scaled_to_zero"] = True
+    router.write(cfg)
+    eventually(lambda: all(u.scaled_to_zero for u in router.app.state.holder.current.upstreams.values()),
+               timeout=10, what="every upstream at zero")
+    r = ask(router)
+    assert r.status_code == 503 and r.headers["x-oculis-cold-start"] == "timeout"
+    message = r.json()["error"]["message"]
+    assert "set" not in message and "escalate had no later tier" in message, message
+    use(router, fakes, True, cold_start="fail", cold_start_wait_seconds=5)  # the next tier serves
+    assert "set the route's cold_start: escalate" in ask(router).json()["error"]["message"]
+
+
+def test_a_failed_tier_before_a_tier_at_zero_says_it_was_skipped_and_wakes_it(router: RouterHandle,
+                                                                             fakes: Fakes) -> None:
+    """QA pass 2, finding 18 (failtocold): the first tier fails, the next is at zero and left out; the
+    502 said only that the first failed. It now names the tier skipped, wakes it, and says when to retry."""
+    cfg = fakes.config(escalation={"enabled": True, "on_low_confidence": False, "max_retries": 0},
+                       cache={"enabled": False}, cold_start_wait_seconds=30)
+    for up in cfg["oculis"]["upstreams"]:
+        up["scaled_to_zero"] = up["name"] in ("llama-70b", "gpt4o")
+    router.write(cfg)
+    eventually(lambda: router.app.state.holder.current.upstreams["gpt4o"].scaled_to_zero, timeout=10,
+               what="the later tiers at zero")
+    fakes.scripts["small"].fail_times, fakes.scripts["small"].fail_status = 5, 500
+    r = ask(router)
+    assert r.status_code == 502
+    assert "llama-70b, gpt4o are scaled to zero and were skipped" in r.json()["error"]["message"]
+    assert (r.headers["x-oculis-cold-start"], r.headers["retry-after"]) == ("skipped", "30")
+    m = metrics(router)
+    assert 'oculis_upstream_demand_total{upstream="llama-70b"} 1.0' in m  # woken, as a first tier would be
