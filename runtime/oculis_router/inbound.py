@@ -57,6 +57,9 @@ def check_headers(raw: list[tuple[bytes, bytes]], limit: int) -> None:
                        "(server.max_header_bytes); send fewer or shorter headers", code="request_headers_too_large")
 
 
+MAX_CHOICES = 128  # OpenAI's own bound on `n`
+
+
 def check_body(body: dict[str, Any], endpoint: str, max_messages: int = 2048) -> dict[str, Any]:
     """The request as the router will use it, checked for what the router itself needs. Fields it
     does not know pass through: OpenAI-compatible engines take extensions (vLLM's `top_k`,
@@ -78,9 +81,9 @@ def check_body(body: dict[str, Any], endpoint: str, max_messages: int = 2048) ->
             raise bad_request("each message needs a string `role`", param="messages")
     elif not isinstance(body.get("prompt"), str | list):
         raise bad_request("`prompt` is required: a string or a list of strings", param="prompt")
-    if body.get("n", 1) != 1:
-        raise bad_request(f"`n` must be 1 (got {body['n']!r}): the router answers one choice per request; send "
-                          "separate requests", param="n", code="unsupported_parameter")
+    n = body.get("n", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise bad_request(f"`n` must be a whole number of choices from 1 to {MAX_CHOICES} (got {n!r})", param="n")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise bad_request("`stream` must be a boolean", param="stream")
     return body

@@ -200,11 +200,15 @@ class Reservation:
 
 
 def max_completion_of(body: Mapping[str, Any], default: int) -> int:
+    """The most completion tokens the request may produce: its cap per choice, times the sequences the
+    engine generates (`n` choices; `best_of` on /v1/completions)."""
+    sequences = max([1] + [v for name in ("n", "best_of") if isinstance(v := body.get(name), int)
+                           and not isinstance(v, bool)])
     for name in ("max_completion_tokens", "max_tokens"):
         v = body.get(name)
         if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-            return v
-    return default
+            return v * sequences
+    return default * sequences
 
 
 def worst_cost(prices: Sequence[Pricing], prompt: int, completion: int,

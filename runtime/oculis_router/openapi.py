@@ -16,8 +16,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from oculis.router import ServerSettings
+from oculis_router.inbound import MAX_CHOICES
 
 _DEFAULTS = ServerSettings()
+_N = "choices, passed through (1 on a route that checks answers)"
 
 
 class _Open(BaseModel):
@@ -46,14 +48,14 @@ class ChatRequest(_Open):
     model: str = Field(min_length=1, description="a route or upstream name (GET /v1/models)")
     messages: list[ChatMessage] = Field(min_length=1, max_length=_DEFAULTS.max_messages)
     stream: bool | None = None
-    n: Literal[1] | None = None
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES, description=_N)
 
 
 class CompletionRequest(_Open):
     model: str = Field(min_length=1, description="a route or upstream name (GET /v1/models)")
     prompt: str | list[str]
     stream: bool | None = None
-    n: Literal[1] | None = None
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES, description=_N)
 
 
 class Choice(_Open):

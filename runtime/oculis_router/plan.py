@@ -89,6 +89,13 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
         # Not the list of names: upstream names are internal (GET /v1/models, behind the same auth, has them).
         raise APIError(404, f"the model {name[:200]!r} does not exist: name a route or upstream of this router "
                        "(GET /v1/models lists them)", param="model", code="model_not_found")
+    check = rr.route.escalation.on_answer
+    if body.get("n", 1) > 1 and check is not None and rr.route.escalation.enabled:
+        # Passed through elsewhere (vLLM and OpenAI answer n choices); a checked answer is judged, and
+        # replaced, as one choice.
+        raise bad_request(f"route {name!r} checks each answer (escalation.on_answer), one choice at a time: `n` "
+                          "must be 1 on it; send separate requests, or use a route without on_answer", param="n",
+                          code="unsupported_parameter")
     t0 = time.perf_counter()
     try:
         # A tier whose upstream cannot take this request (Anthropic: no /v1/completions, a field it cannot
@@ -107,7 +114,6 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
     metrics.routed.labels(name, tiers[0].name, tiers[0].upstream).inc()
     if decision.escalated:
         metrics.escalations.labels(name, "low_confidence").inc()
-    check = rr.route.escalation.on_answer
     verifier = rt.upstreams.get(check.verifier.upstream) if check is not None and check.verifier else None
     return Plan(rr, [rt.upstreams[t.upstream] for t in tiers], [t.name for t in tiers], c.complexity,
                 decision.escalated, [t.timeouts for t in tiers], c.prompt_tokens, c.confidence, verifier=verifier,

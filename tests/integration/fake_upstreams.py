@@ -124,10 +124,10 @@ def openai_app(name: str, script: Script) -> Starlette:
                         delta["tool_calls"] = [{"index": 0, **d}]
                         yield b"data: " + json.dumps({**base, "choices": [
                             {"index": 0, "delta": delta, "finish_reason": None}]}).encode() + b"\n\n"
-                for piece in [] if call else reply.split(" "):
+                for piece, index in [] if call else [(p, i) for p in reply.split(" ") for i in range(body.get("n", 1))]:
                     chunk = {
                         **base,
-                        "choices": [{"index": 0, "delta": {"content": piece + " "}, "finish_reason": None}],
+                        "choices": [{"index": index, "delta": {"content": piece + " "}, "finish_reason": None}],
                     }
                     if with_logprobs:
                         chunk["choices"][0]["logprobs"] = {"content": word_logprobs([piece + " "], script.logprob)}
@@ -140,12 +140,9 @@ def openai_app(name: str, script: Script) -> Starlette:
                     except (asyncio.CancelledError, GeneratorExit):
                         script.streams_cut += 1  # what vLLM sees as an aborted request
                         raise
-                yield (
-                    b"data: "
-                    + json.dumps({**base, "choices": [{"index": 0, "delta": {},
-                                                       "finish_reason": "tool_calls" if call else "stop"}]}).encode()
-                    + b"\n\n"
-                )
+                for index in range(body.get("n", 1)):
+                    end = {"index": index, "delta": {}, "finish_reason": "tool_calls" if call else "stop"}
+                    yield b"data: " + json.dumps({**base, "choices": [end]}).encode() + b"\n\n"
                 if (body.get("stream_options") or {}).get("include_usage") and not script.no_usage:
                     yield b"data: " + json.dumps({**base, "choices": [], "usage": usage}).encode() + b"\n\n"
                 yield b"data: [DONE]\n\n"
@@ -174,7 +171,7 @@ def openai_app(name: str, script: Script) -> Starlette:
                 **({} if script.no_usage else {"usage": usage}),
                 "choices": [
                     {
-                        "index": 0,
+                        "index": index,
                         "message": {"role": "assistant", "content": None, "tool_calls": [call]}
                         if call
                         else {"role": "assistant", "content": reply},
@@ -182,6 +179,7 @@ def openai_app(name: str, script: Script) -> Starlette:
                         **({"logprobs": {"content": word_logprobs(reply.split(" "), script.logprob)}}
                            if with_logprobs else {}),
                     }
+                    for index in range(body.get("n", 1))  # as vLLM and OpenAI answer `n` choices
                 ],
             }
         )

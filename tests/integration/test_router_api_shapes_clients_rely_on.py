@@ -71,3 +71,26 @@ def test_completions_streams_carry_usage_only_when_asked(router: RouterHandle) -
                                          stream_options={"include_usage": True})
     chunks = list(s)
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
+
+
+def test_n_choices_pass_through_where_the_router_can_keep_them(checked: RouterHandle, fakes: Fakes) -> None:
+    """QA pass 2, finding 15: `n` was refused everywhere. vLLM and OpenAI answer `n` choices (best-of,
+    self-consistency), so it passes through to an upstream named directly and to routes, streamed or not;
+    a route that checks answers (judged and replaced one choice at a time) and an Anthropic tier (one
+    choice per request) refuse it by name."""
+    for model in ("llama-70b", "adaptive"):
+        whole = checked.client.chat.completions.create(model=model, n=3, messages=[{"role": "user", "content": "hi"}])
+        assert [c.index for c in whole.choices] == [0, 1, 2] and all(c.message.content for c in whole.choices)
+        texts: dict[int, str] = {}
+        for chunk in checked.client.chat.completions.create(model=model, n=2, stream=True,
+                                                            messages=[{"role": "user", "content": "hi"}]):
+            for c in chunk.choices:
+                texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+        assert sorted(texts) == [0, 1] and texts[0] == texts[1] != ""
+    assert fakes.scripts["large"].received[0]["n"] == 3  # passed through as sent
+    import openai
+
+    for model in ("checked", "via-claude"):
+        with pytest.raises(openai.BadRequestError) as err:
+            checked.client.chat.completions.create(model=model, n=2, messages=[{"role": "user", "content": "hi"}])
+        assert err.value.param == "n" or "choice" in str(err.value), model

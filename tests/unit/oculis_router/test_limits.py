@@ -104,6 +104,9 @@ def test_budget_periods_end_at_the_next_utc_hour_day_or_month(period: str, at: t
     ({"max_tokens": True}, 256),  # not a count: the default
     ({"max_tokens": "9"}, 256),
     ({}, 256),
+    ({"max_tokens": 50, "n": 3}, 150),  # n choices: n times the cap (QA pass 2, finding 15)
+    ({"n": 2}, 512),
+    ({"max_tokens": 10, "best_of": 4, "n": 2}, 40),  # /v1/completions generates best_of sequences
 ])
 def test_a_request_reserves_its_prompt_and_max_tokens_or_the_default(body: dict[str, Any], want: int) -> None:
     r = L.reservation(body, 40, 256, [])
