@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 from oculis_cli import checks_output as out
 from oculis_cli.clusterinputs import window_inputs
@@ -40,11 +41,11 @@ def register(sub: Any) -> None:
 
 
 def _given(args: argparse.Namespace) -> core.Multipliers | None:
-    if args.write_multiplier is None and args.read_multiplier is None:
+    """Both multipliers from the flags; None when neither or only one is given (the other then comes
+    from each upstream's pricing: _one)."""
+    if args.write_multiplier is None or args.read_multiplier is None:
         return None
-    w = 1.0 if args.write_multiplier is None else args.write_multiplier
-    r = 1.0 if args.read_multiplier is None else args.read_multiplier
-    return core.Multipliers(w, r, "--write-multiplier/--read-multiplier")
+    return core.Multipliers(args.write_multiplier, args.read_multiplier, "--write-multiplier/--read-multiplier")
 
 
 def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
@@ -56,7 +57,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             return EXIT_USAGE
     if args.no_traffic:
         if given is None:
-            print("oculis cache advise: --no-traffic needs --write-multiplier and --read-multiplier", file=sys.stderr)
+            missing = " and ".join(f for f, v in (("--write-multiplier", args.write_multiplier),
+                                                  ("--read-multiplier", args.read_multiplier)) if v is None)
+            print(f"oculis cache advise: --no-traffic needs {missing} too (no upstream's pricing to take "
+                  "it from), e.g. --write-multiplier 1.25 --read-multiplier 0.1", file=sys.stderr)
             return EXIT_USAGE
         reports = [core.advise(",".join(args.upstream) or "-", given, None, 0.0)]
         return emit({"window": None, "upstreams": reports}, args.output, stdout)
@@ -74,16 +78,20 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     reports = []
     for name in names:
         up = next(u for u in catalog.config.upstreams if u.name == name)
-        if up.provider == "vllm" and given is None:
+        if up.provider == "vllm" and given is None and args.write_multiplier is None and args.read_multiplier is None:
             try:
+                labels = {name, up.model or name}
+                alike = sorted(u.name for u in catalog.config.upstreams if u.provider == "vllm" and u.name != name
+                               and labels & {u.name, u.model or u.name})
                 with open_prometheus(args) as prom:
-                    reports.append(_self_hosted(prom, name, up.model, t0.timestamp(), t1.timestamp()))
+                    reports.append(_self_hosted(prom, name, up.model, t0.timestamp(), t1.timestamp(),
+                                                str(urlsplit(str(up.base_url)).netloc) if alike else None, alike))
             except SourceError as exc:
                 print(f"oculis cache advise: {exc}", file=sys.stderr)
                 return exc.code
             continue
         try:
-            reports.append(_one(catalog, name, given, c))
+            reports.append(_one(catalog, name, given, c, args.write_multiplier, args.read_multiplier))
         except ValueError as exc:
             print(f"oculis cache advise: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -92,31 +100,51 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     return emit({"window": describe_window(t0, t1), "upstreams": reports}, args.output, stdout)
 
 
-def _self_hosted(prom: Any, name: str, model: str | None, start: float, end: float) -> dict[str, Any]:
+def _self_hosted(prom: Any, name: str, model: str | None, start: float, end: float, instance: str | None = None,
+                 alike: list[str] | None = None) -> dict[str, Any]:
     """The engines' prefix-cache token counters for this upstream: vLLM labels them with the served
-    model name (the upstream's name in a cluster, its `model` in a standalone config)."""
+    model name (the upstream's name in a cluster, its `model` in a standalone config). When other
+    upstreams serve the same model name (`alike`), the series are narrowed to the scrape target at the
+    upstream's base_url (`instance`); if none matches, the figure pools every engine and says so."""
     from oculis_measure.prom import PromError
 
-    def grown(metric: str) -> float | None:
+    def grown(metric: str, where: str = "") -> float | None:
         """Growth over the window per engine series (`deltas`: an engine pod that stopped before the
         window's end, scaled to zero or replaced, still counts), summed; None when none was scraped."""
         found: list[float] = []
         for n in sorted({name, model or name}):  # exact label matches (a PromQL string is JSON-quoted text)
-            found += prom.deltas(f"{metric}{{model_name={json.dumps(n)}}}", ("model_name", "instance", "pod"), start,
-                                 end).values()
+            found += prom.deltas(f"{metric}{{model_name={json.dumps(n)}{where}}}", ("model_name", "instance", "pod"),
+                                 start, end).values()
         return sum(found) if found else None
 
     try:
-        hits = grown("vllm:prefix_cache_hits_total")
-        queries = grown("vllm:prefix_cache_queries_total")
+        where = f", instance={json.dumps(instance)}" if instance else ""
+        hits, queries = grown("vllm:prefix_cache_hits_total", where), grown("vllm:prefix_cache_queries_total", where)
+        matched = bool(where) and queries is not None
+        if where and not matched:
+            hits, queries = grown("vllm:prefix_cache_hits_total"), grown("vllm:prefix_cache_queries_total")
     except PromError as exc:
         raise SourceError(str(exc), 5) from None
-    return core.advise_self_hosted(name, hits, queries)
+    out = core.advise_self_hosted(name, hits, queries)
+    if alike:
+        out["engines"] = (f"matched by instance {instance} (the upstream's base_url): upstreams {', '.join(alike)} "
+                          "serve the same model name" if matched else
+                          f"POOLED: upstreams {', '.join([name, *alike])} serve the same model name and no engine "
+                          f"series has instance {instance}, so this figure is all their engines together")
+        out["reason"] += f"; engines {out['engines']}"
+    return out
 
 
-def _one(catalog: Catalog, name: str, given: core.Multipliers | None, c: Any) -> dict[str, Any]:
+def _one(catalog: Catalog, name: str, given: core.Multipliers | None, c: Any,
+         write: float | None = None, read: float | None = None) -> dict[str, Any]:
+    """One upstream's advice; a multiplier given alone (`write` or `read`) is used with the other from the
+    upstream's pricing, and the report says which came from where."""
     pricing = catalog.pricing[name]
     m = given or core.multipliers_from_pricing(pricing, name)
+    if given is None and (write is not None or read is not None):
+        flag = "--write-multiplier" if write is not None else "--read-multiplier"
+        m = core.Multipliers(m.write if write is None else write, m.read if read is None else read,
+                             f"{flag}, the other from upstream {name}'s pricing")
     up = next(u for u in catalog.config.upstreams if u.name == name)
     # Only Anthropic reports cache writes: elsewhere a 0 means "not reported", not "nothing written".
     writes = c.cache_write_tokens.get(name) if up.provider == "anthropic" else None
@@ -130,8 +158,8 @@ def _one(catalog: Catalog, name: str, given: core.Multipliers | None, c: Any) ->
 
 def emit(rep: dict[str, Any], fmt: str, stdout: TextIO) -> int:
     ups = rep["upstreams"]
-    if len(ups) == 1:  # the documented top-level keys (break_even_hits, min_hits) for one upstream
-        rep = {**ups[0], "window": rep["window"], "upstreams": ups}
+    if len(ups) == 1:  # one upstream: its fields at the top level (break_even_hits, min_hits, ...), once
+        rep = {**ups[0], "window": rep["window"]}
     if out.dump(rep, fmt, stdout):
         return 0
     if fmt == "csv":

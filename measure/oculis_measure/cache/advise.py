@@ -112,6 +112,10 @@ def advise(upstream: str, m: Multipliers, obs: Observed | None, input_per_mtok: 
     out["saving_dollars"] = round(net_saving(obs.cached_tokens, writes, input_per_mtok, m), 6)
     if h > be:
         out.update(verdict="pays", reason=f"observed {_h(h)} hits per write > break-even {be:.3f}")
+    elif m.write <= 1 and share == 0:  # nothing read, but writes cost no premium: caching costs nothing here
+        out.update(verdict="no-reuse", reason=f"no prompt token was read from the cache; writes cost {m.write:g}x "
+                   "the input price (no premium), so caching costs nothing here: keep it, and stabilise the prompt "
+                   "prefix (system prompt, tools first) so requests can reuse it")
     elif obs.cache_write_tokens or share == 0:
         out.update(verdict="does-not-pay", reason=f"observed {_h(h)} hits per write <= break-even {be:.3f}; "
                    "stabilise the prompt prefix (system prompt, tools first) or turn prompt caching off")

@@ -73,10 +73,13 @@ def parse_line(lineno: int, line: str, offline: bool) -> Item:
     kind = kind.strip() if isinstance(kind, str) else None
     outcomes = raw.get("outcomes")
     if offline:
-        if not isinstance(outcomes, dict) or not outcomes or not all(
-                isinstance(k, str) and isinstance(v, bool) for k, v in outcomes.items()):
+        if not isinstance(outcomes, dict) or not outcomes:
             raise SuiteLineError(f"line {lineno}: offline mode needs \"outcomes\": {{\"<upstream>\": true|false, "
                                  "...}; add it or run online with --url")
+        bad = next(((k, v) for k, v in outcomes.items() if not isinstance(v, bool)), None)
+        if bad is not None:
+            raise SuiteLineError(f"line {lineno}: outcomes.{bad[0]} must be true or false (whether that upstream "
+                                 f"answered correctly), not {json.dumps(bad[1])}")
         return Item(lineno, payload, dict(outcomes), None, "exact", None, kind)
     expected = raw.get("expected")
     if not isinstance(expected, str | int | float) or isinstance(expected, bool):

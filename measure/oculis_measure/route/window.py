@@ -58,6 +58,9 @@ def window(since: str | None, start: str | None, end: str | None, now: datetime)
         raise ValueError("give --since DURATION (e.g. 7d) or --from RFC3339 [--to RFC3339]")
     t0 = parse_time(start, "--from")
     t1 = parse_time(end, "--to") if end is not None else now
+    if end is None and t1 <= t0:
+        raise ValueError(f"--from {t0.isoformat()} is in the future (now is {now.isoformat(timespec='seconds')}) "
+                         "and no --to was given; give a past --from, or --since DURATION")
     if t1 <= t0:
         raise ValueError(f"--to {t1.isoformat()} is not after --from {t0.isoformat()}; swap them")
     return t0, t1

@@ -67,7 +67,7 @@ def test_escalation_rate_counts_only_requests_that_could_escalate() -> None:
     ("[1, 2]", "line 7: expected a JSON object"),
     ('{"outcomes": {"a": true}}', 'line 7: needs "prompt"'),
     ('{"prompt": "x"}', 'line 7: offline mode needs "outcomes"'),
-    ('{"prompt": "x", "outcomes": {"a": "yes"}}', 'line 7: offline mode needs "outcomes"'),
+    ('{"prompt": "x", "outcomes": {"a": "yes"}}', 'line 7: outcomes.a must be true or false'),
 ])
 def test_bad_offline_lines_name_the_line_and_the_fix(line: str, says: str) -> None:
     with pytest.raises(core.SuiteLineError, match=says):
