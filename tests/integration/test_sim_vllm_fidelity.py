@@ -201,3 +201,30 @@ def test_usage_reports_cached_prompt_tokens_with_vllms_flag() -> None:
         assert isinstance(chat["created_cache_tokens"], int)
     finally:
         stop(proc)
+
+
+def test_api_shapes_a_doubtful_simulated_engine_makes_the_router_escalate_on_the_answer(doubtful: str, sim: str,
+                                                                                      tmp_path: Path) -> None:
+    """Finding 8 end to end: behind the router, the simulator's modelled logprobs feed min_mean_logprob, so a
+    doubtful engine's answer is replaced by the next tier's (the demo and the e2e stand-in can show it)."""
+    import yaml
+    from router_support import start_router
+
+    ups = [{"name": n, "provider": "vllm", "base_url": f"{b}/v1", "model": m}
+           for n, b, m in (("doubtful", doubtful, MODEL), ("sure", sim, "first"))]
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"oculis": {"upstreams": ups, "routes": [{
+        "name": "lp", "escalation": {"on_low_confidence": False, "on_answer": {"min_mean_logprob": -1.0}},
+        "tiers": [{"name": "small", "match": {"complexity_below": 0.99}, "upstream": "doubtful"},
+                  {"name": "big", "upstream": "sure"}]}]}}))
+    proc, url, _ = start_router(cfg, tmp_path / "router.log")
+    try:
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+            "model": "lp", "max_tokens": 20, "messages": [{"role": "user", "content": "hello"}]})
+        assert r.status_code == 200, r.text
+        assert (r.headers["x-oculis-tier"], r.headers["x-oculis-escalation-reason"]) == ("big", "answer")
+        assert float(r.headers["x-oculis-answer-logprob"]) < -1.0  # the replaced answer's mean, modelled
+        assert r.json()["choices"][0].get("logprobs") is None  # the client did not ask for them
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
