@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from oculis_cli.inputs import InputError, port_number
 from oculis_cli.serve import bind_problem
@@ -143,11 +143,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _text(res: object, s: config.Settings) -> str:
+def replay_doc(res: object, s: config.Settings, sent: int) -> dict[str, Any]:
+    """`sim replay -o json`: every figure the text prints, and that they are simulated. Latencies of a
+    replay in which no request completed are null, not 0.0."""
+    from oculis_sim.replay import ReplayResult
+
+    assert isinstance(res, ReplayResult)
+    doc: dict[str, Any] = {"simulated": True, "note": "simulated figures (oculis-simulator), not measurements",
+                           "model": s.model_name, "gpu": s.gpu.key, "tp": s.tp, **res.summary,
+                           "workload_requests": sent, "refused": res.refused,
+                           "refused_why": "longer than max_model_len", "kv_cache_tokens": s.kv_cache_tokens,
+                           "peak_kv_usage": round(res.peak_kv_usage, 4),
+                           "prefix_cache_hit_rate": round(res.prefix_hit_rate, 4),
+                           "mean_acceptance_length": (round(res.spec_acceptance_length, 4)
+                                                      if res.spec_acceptance_length else None)}
+    if not res.summary["requests"]:
+        for key in ("ttft_ms", "itl_ms", "e2e_ms"):
+            doc[key] = None
+        doc["no_requests"] = _no_requests(sent, res.refused)
+    return doc
+
+
+def _no_requests(sent: int, refused: int) -> str:
+    return (f"no request completed ({sent} in the workload" + (f", {refused} refused: longer than max_model_len"
+            if refused else "") + "): no latency or throughput figures; check the workload's stages and shapes")
+
+
+def _text(res: object, s: config.Settings, sent: int | None = None) -> str:
     from oculis_sim.replay import ReplayResult
 
     assert isinstance(res, ReplayResult)
     sm = res.summary
+    if not sm["requests"]:
+        return (f"SIMULATED (oculis-simulator, not measured): {s.model_name} on {s.gpu.key} x{s.tp}\n  "
+                + _no_requests(sent if sent is not None else res.refused, res.refused))
     lines = [f"SIMULATED (oculis-simulator, not measured): {s.model_name} on {s.gpu.key} x{s.tp}, "
              f"vLLM {s.vllm_version[0]}.{s.vllm_version[1]} ({s.version_profile.era}), "
              f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
@@ -185,11 +214,11 @@ def run_replay(args: argparse.Namespace) -> int:
     wl = load_workload(args.workload)
     res = replay.run(s, wl)
     if args.output == "json":
-        print(json.dumps(res.summary, indent=2))
+        print(json.dumps(replay_doc(res, s, len(wl)), indent=2))
         print(f"oculis sim replay: simulated figures (oculis-simulator), not measurements; "
               f"{s.model_name} on {s.gpu.key} x{s.tp}", file=sys.stderr)
     else:
-        print(_text(res, s))
+        print(_text(res, s, len(wl)))
     return 0
 
 

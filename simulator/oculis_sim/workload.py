@@ -20,6 +20,10 @@ YAML or JSON:
     seed: 0
 or explicit shapes: `requests: [{prompt_tokens: 900, output_tokens: 128, at: 0.0}, ...]` (`at` optional:
 then the stages' arrival process, or all at once without stages).
+
+`prompt_tokens` has one meaning everywhere: the tokens AFTER the shared prefix. A request's whole prompt
+is shared_prefix_tokens + prompt_tokens, in the distribution form and in explicit `requests` alike (as
+vLLM's benchmark prefix_len + input_len and inference-perf's system_prompt_len + question_len).
 """
 
 from __future__ import annotations
@@ -212,7 +216,8 @@ def parse(data: Any) -> Workload:
             arrivals = np.zeros(len(reqs))
         order = np.argsort(arrivals, kind="stable")
         groups = grouped(len(reqs))
-        return Workload(arrivals[order], prompts[order], outputs[order], shared, conc,
+        # prompt_tokens are after the shared prefix here too (one meaning: see the module docstring)
+        return Workload(arrivals[order], prompts[order] + shared, outputs[order], shared, conc,
                         groups[order] if groups is not None else None)
     for key in ("prompt_tokens", "output_tokens", "stages"):
         if key not in data:

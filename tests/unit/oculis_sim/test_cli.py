@@ -81,7 +81,9 @@ def test_json_output_has_exactly_the_documented_keys_and_says_simulated(capsys, 
     out = capsys.readouterr()
     data = json.loads(out.out)
     assert set(data) == {"ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s", "requests_per_s", "preemptions",
-                         "kv_blocks", "requests"}
+                         "kv_blocks", "requests", "simulated", "note", "model", "gpu", "tp", "workload_requests",
+                         "refused", "refused_why", "kv_cache_tokens", "peak_kv_usage", "prefix_cache_hit_rate",
+                         "mean_acceptance_length"}  # every figure the text prints (QA2 #28)
     for key in ("ttft_ms", "itl_ms", "e2e_ms"):
         assert set(data[key]) == {"mean", "p50", "p90", "p99"}
     assert "simulated" in out.err
