@@ -68,3 +68,23 @@ def test_a_flat_rule_on_the_last_tier_or_out_of_range_is_refused() -> None:
         InferenceRouteSpec.model_validate({"tiers": [{"name": "a", "complexityBelow": 0.5, "upstream": "x"},
                                                      {"name": "b", "complexityBelow": 0.4, "upstream": "x"},
                                                      {"name": "c", "upstream": "x"}]})
+
+
+def test_the_operator_renders_a_flat_spelled_route_with_match_and_the_one_classifier_name() -> None:
+    from oculis_operator.routeconfig import render_namespace
+
+    ready = {"conditions": [{"type": "Ready", "status": "True"}], "engineHash": "h", "readyReplicas": 1}
+    route = {"apiVersion": "oculis.dev/v1alpha1", "kind": "InferenceRoute",
+             "metadata": {"name": "adaptive", "namespace": "ns", "generation": 1},
+             "spec": {"classifier": {"model": "oculis-minilm-static-v1"},
+                      "tiers": [{"name": "simple", "complexityBelow": 0.35, "maxPromptTokens": 2000, "upstream": "a"},
+                                {"name": "complex", "upstream": "b"}]}}
+    ups = [{"apiVersion": "oculis.dev/v1alpha1", "kind": "GPUUpstream", "metadata": {"name": "a", "namespace": "ns"},
+            "spec": {"provider": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct",
+                     "gpu": {"product": "H100-80GB", "count": 1}}, "status": ready},
+           {"apiVersion": "oculis.dev/v1alpha1", "kind": "GPUUpstream", "metadata": {"name": "b", "namespace": "ns"},
+            "spec": {"provider": "openai", "model": "gpt-4o"}, "status": ready}]
+    text = render_namespace([route], ups).data["oculis-config.yaml"]
+    tiers = yaml.safe_load(text)["oculis"]["routes"][0]["tiers"]
+    assert tiers[0]["match"] == {"complexity_below": 0.35, "max_prompt_tokens": 2000} and tiers[1]["match"] == {}
+    assert parse_config(text).route("adaptive").classifier.model == "oculis/router-small-v2"
