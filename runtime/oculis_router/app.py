@@ -31,7 +31,7 @@ from oculis_router.endpoints import EndpointResolver
 from oculis_router.errors import APIError
 from oculis_router.inbound import HeaderLimit, check_body, check_client_key, disconnected, read_body, tenant_of
 from oculis_router.kvsub import Subscriptions
-from oculis_router.limits import identity_of
+from oculis_router.limits import Identity, identity_of
 from oculis_router.metrics import Metrics
 from oculis_router.pick import Fleet
 from oculis_router.plan import Plan, chains, cold_start, plan_request
@@ -82,29 +82,25 @@ class Router:
             body = check_body(body, endpoint, rt.config.server.max_messages)
             plan = plan_request(rt, body, self.metrics, endpoint)
             route_label = body["model"]
-            plan = await cold_start(plan, route_label, self.holder, self.metrics)
             tenant = tenant_of(request)  # the limiter's identity and the cache's partition
-            # Admission: after the plan (its prompt count and tiers' prices), before the cache and upstream.
+            who = identity_of(request.headers, tenant)
+            # The cache first: a stored answer needs no upstream, so neither a cold start (a wait, or a
+            # 503) nor a token or dollar limit (it spends none) stands in its way; it counts as a request.
+            key = self.cache_key(plan, body, tenant, endpoint)
+            if key is not None and (hit := await self.cached(rt, plan, body, key, who, endpoint, route_label)):
+                return hit
+            first = plan.tiers[0]
+            plan = await cold_start(plan, route_label, self.holder, self.metrics)
+            if key is not None and plan.tiers[0] is not first:  # escalated past a tier at zero: its own key
+                key = self.cache_key(plan, body, tenant, endpoint)
+                if key is not None and (hit := await self.cached(rt, plan, body, key, who, endpoint, route_label)):
+                    return hit
+            if key is not None:
+                self.metrics.cache.labels(route_label, "miss").inc()
+            # Admission: after the plan (its prompt count and tiers' prices), before the upstream.
             hold = None if rt.limiter is None else await rt.limiter.admit(
-                rt.config.server, plan.route.route if plan.route else None, route_label,
-                identity_of(request.headers, tenant), body, plan.prompt_tokens,
-                [u.pricing for u in plan.tiers], *chains(plan))
-            key = None
-            if plan.route and plan.route.store and rcache.cacheable(plan.route.route.cache, body):
-                key = rcache.cache_key(plan.route.route.cache, body, tenant, plan.tiers[0], endpoint)
-                hit = await plan.route.store.get(key)
-                self.metrics.cache.labels(route_label, "hit" if hit else "miss").inc()
-                if hit is not None:
-                    self.metrics.requests.labels(route_label, plan.tier_names[0], plan.tiers[0].name, "cache_hit").inc()
-                    hdrs = plan_headers(plan, 0, "hit")
-                    if hold is not None:  # a hit costs no tokens: only its request counts
-                        await hold.settle()
-                        hdrs.update(hold.headers)
-                    if body.get("stream"):
-                        events = rcache.sse_from_response(hit, endpoint, rcache.stream_wants_usage(body))
-                        return self.logged(plan, body, StreamingResponse(
-                            replay(events), headers={**hdrs, **SSE_HEADERS}, media_type="text/event-stream"))
-                    return self.logged(plan, body, JSONResponse(hit, headers=hdrs))
+                rt.config.server, plan.route.route if plan.route else None, route_label, who, body,
+                plan.prompt_tokens, [u.pricing for u in plan.tiers], *chains(plan))
             if body.get("stream"):
                 check = plan.route.route.escalation.on_answer if plan.route else None
                 if check is not None and check.buffer_streams and plan.route and plan.route.route.escalation.enabled:
@@ -130,6 +126,36 @@ class Router:
                           route_label)
             self.metrics.requests.labels(route_label, "-", "-", "error_500").inc()
             return INTERNAL.response()
+
+    @staticmethod
+    def cache_key(plan: Plan, body: dict[str, Any], tenant: str, endpoint: str) -> str | None:
+        """The response cache's key of this request on the plan's first tier, None when it is not cached."""
+        if plan.route and plan.route.store and rcache.cacheable(plan.route.route.cache, body):
+            return rcache.cache_key(plan.route.route.cache, body, tenant, plan.tiers[0], endpoint)
+        return None
+
+    async def cached(self, rt: Runtime, plan: Plan, body: dict[str, Any], key: str, who: Identity, endpoint: str,
+                     route_label: str) -> Response | None:
+        """The stored answer, replayed as the request asks (whole or streamed), or None. A hit counts
+        against the request limits (requests_per_minute paces a client whatever answers it), never
+        against tokens or budgets: it spends none."""
+        assert plan.route is not None and plan.route.store is not None
+        hit = await plan.route.store.get(key)
+        if hit is None:
+            return None
+        hold = None if rt.limiter is None else await rt.limiter.admit(
+            rt.config.server, plan.route.route, route_label, who, body, plan.prompt_tokens, [], free=True)
+        self.metrics.cache.labels(route_label, "hit").inc()
+        self.metrics.requests.labels(route_label, plan.tier_names[0], plan.tiers[0].name, "cache_hit").inc()
+        hdrs = plan_headers(plan, 0, "hit")
+        if hold is not None:
+            await hold.settle()
+            hdrs.update(hold.headers)
+        if body.get("stream"):
+            events = rcache.sse_from_response(hit, endpoint, rcache.stream_wants_usage(body))
+            return self.logged(plan, body, StreamingResponse(
+                replay(events), headers={**hdrs, **SSE_HEADERS}, media_type="text/event-stream"))
+        return self.logged(plan, body, JSONResponse(hit, headers=hdrs))
 
     async def unless_client_leaves(self, request: Request, work: Coroutine[Any, Any, Response],
                                    route_label: str, plan: Plan) -> Response:

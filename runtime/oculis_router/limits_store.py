@@ -290,14 +290,17 @@ class Limiter:
 
     async def admit(self, server: ServerSettings, route: Route | None, route_label: str, who: L.Identity,
                     body: Mapping[str, Any], prompt_tokens: int | None, prices: Sequence[Pricing],
-                    replaceable: Sequence[bool] = (), graded: Sequence[Grading | None] = ()) -> Hold | None:
+                    replaceable: Sequence[bool] = (), graded: Sequence[Grading | None] = (),
+                    free: bool = False) -> Hold | None:
         """A hold to settle at the request's end, None when no limit applies; raises the 429.
         `prompt_tokens`: the classifier's count, when the request was classified (else estimated here);
         `replaceable[i]`: tier i's answer may be replaced by the next one's, so both are billed;
-        `graded[i]`: a verifier grades tier i's answer (limits.worst_cost)."""
+        `graded[i]`: a verifier grades tier i's answer (limits.worst_cost); `free`: an answer that
+        spends nothing (a cache hit), checked and counted by the request limits only."""
         policy = L.policy_for(server, route, who)
         now = time.time()
-        counters = L.counters_for(policy, who, route_label, now)
+        counters = [c for c in L.counters_for(policy, who, route_label, now)
+                    if not free or c.kind == "requests_per_minute"]
         if not counters:
             return None
         if prompt_tokens is None:
