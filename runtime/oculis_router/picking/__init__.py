@@ -15,10 +15,13 @@ Interface (for the router, the fleet simulator and an ext_proc front end alike):
     picker.forget("pod-a")                                 # the pod is gone
 
 `ReplicaState` is what the router knows: its own in-flight count (and the tokens it estimates those
-requests hold and still have to prefill), the scraped gauges (`vllm:num_requests_waiting`,
-`num_requests_running`, `kv_cache_usage_perc`), the KV capacity (`cache_config_info` or the capacity
-plan), ready/draining. `pick` records the dispatch in the approximate memory itself. Reasons: `prefix`
-(the longest cached prefix won), `load` (load decided: no prefix, or the prefix holder was saturated),
+requests hold, still have to prefill, and read per decode step: `in_flight_tokens`, `queued_tokens`,
+`context_tokens` = their prompt + expected output), the replica's step-time costs when known
+(`prefill_token_s`, `context_token_s`; otherwise an H100 8B default ratio), the scraped gauges
+(`vllm:num_requests_waiting`, `num_requests_running`, `kv_cache_usage_perc`), the KV capacity
+(`cache_config_info` or the capacity plan), ready/draining. `pick` records the dispatch in the
+approximate memory itself. Reasons: `prefix` (the longest cached prefix won), `load` (load decided: no
+prefix, or the prefix holder was saturated),
 `fallback` (kv-events scored a silent replica from the approximate memory), `random`, `round-robin`.
 Determinism: the same seed, states and calls give the same picks. `picker.py` documents the strategies
 and the saturation guard; `hashing.py` what is hashed when the router has only text; `events.py` vLLM's

@@ -5,7 +5,8 @@ Strategies
 - `random`: uniform over the eligible replicas (seeded).
 - `round-robin`: the next eligible replica in id order.
 - `least-loaded`: the fewest requests (max of the router's in-flight count and the engine's
-  running + waiting), then the lower KV usage; remaining ties are drawn at random.
+  running + waiting), then the fewest context tokens the router has in flight there; remaining ties are
+  drawn at random.
 - `prefix`: the longest prefix the router remembers sending to each replica (approximate), under the
   saturation guard below.
 - `kv-events`: the longest prefix each engine says it holds (its KV events), under the same guard; a
@@ -14,13 +15,16 @@ Strategies
 Saturation guard ("sticky until saturated"), for both prefix strategies. A replica is saturated for a
 request when admitting it would exceed the replica's own capacity: its KV tokens (router-held tokens or
 the scraped usage, plus this request's uncached prompt and expected output, above `kv_blocks x
-block_size`), or its sequence slots (`max_num_seqs`). Among the unsaturated replicas the picker takes the
-lowest estimated time to first token, counted in prefill tokens: the prefill work already queued there
-(router-known, or the scraped waiting count times the mean uncached prompt) plus this request's uncached
-tokens. So it stays with the longest cached prefix until the prefill queued ahead of it there outweighs
-what the hit saves, and then moves by load; ties go to the less loaded replica. When every replica is
-saturated it picks by load alone. No constant is tuned: every threshold is a replica's capacity or the
-request's own size.
+block_size`) or its sequence slots (`max_num_seqs`). Unsaturated replicas come first; among them (or
+among all, when every one is saturated) the picker takes the lowest cost, what the request adds to the
+fleet's time in the replica's own step-time model (`Picker.cost`): its uncached prefill, run after the
+prefill already queued there, which stalls the requests running there as long, plus its decode, which
+reads the replica's context every step and is read by the requests there. So a long cached prefix holds
+a request (its prefill saving is multiplied by everyone it would stall) until the prefill queued there,
+or the decode load of a long answer, outweighs it, and then load decides; ties go to the less loaded
+replica. No constant is tuned: the only conversion, prefill seconds per token over KV-read seconds per
+context token (`prefill_token_s / context_token_s`), is the replica's step-time model (the fleet simulator
+passes its engine's; a router without it uses DEFAULT_PREFILL_RATIO).
 """
 
 from __future__ import annotations
@@ -154,7 +158,9 @@ class Picker:
         return out, set(silent)
 
     def _least_loaded(self, cands: Sequence[ReplicaState]) -> ReplicaState:
-        key = [(r.requests, r.kv_usage) for r in cands]
+        # the router's own token count breaks ties, not the scraped KV usage: a gauge up to a scrape old would
+        # send every tied pick until the next scrape to the same replica (herding)
+        key = [(r.requests, r.context_tokens) for r in cands]
         best = min(key)
         tied = [r for r, k in zip(cands, key, strict=True) if k == best]
         return tied[0] if len(tied) == 1 else self.rng.choice(tied)

@@ -179,3 +179,23 @@ def test_kvwire_frames() -> None:
 def test_bad_strategy_is_refused() -> None:
     with pytest.raises(ValueError, match="not one of"):
         Picker("nearest")  # type: ignore[arg-type]
+
+
+def test_a_long_expected_output_weighs_decode_load_against_the_prefix() -> None:
+    # a holds the 16-token prefix of a 20-token prompt and runs 3 requests of 500 context tokens in all; b is idle
+    a = ReplicaState("a", block_size=BS, in_flight=3, context_tokens=500, prefill_token_s=40e-6,
+                     context_token_s=80e-9)  # one prefill token = 500 context-token reads
+    b = ReplicaState("b", block_size=BS, prefill_token_s=40e-6, context_token_s=80e-9)
+
+    def pick(out: int) -> str:
+        p = Picker("prefix", block_size=BS)
+        p.memory.remember("a", block_hashes(PREFIX, BS), None)
+        got = p.pick(req([*PREFIX, 1, 2, 3, 4], out=out), [a, b])
+        assert got is not None
+        return got.replica
+
+    # 2 tokens out: a costs 500 x 4 uncached x (1 + 3 delayed) + 2 x (500 + 3 x 21) = 9,126 context-token
+    # reads, b 500 x 20 uncached = 10,000: the prefix wins
+    assert pick(2) == "a"
+    # 200 out: a's context is read 200 times and this request by a's 3 others: 8,000 + 200 x 860 > 10,000
+    assert pick(200) == "b"
