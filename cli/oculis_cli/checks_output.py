@@ -121,6 +121,10 @@ def cascade_text(rep: dict[str, Any]) -> str:
     buf.write(f"verifier: {verifier.get('why', verifier)}\n")
     buf.write(f"tokens: {rep['tokens']}\n")
     buf.write(f"formula: {rep['formula']}\n")
+    if tot.get("cascade_cost_at_mean_p_esc") is not None:
+        buf.write(f"expected value at the p_esc column (the formula applied to the averages): "
+                  f"{money(tot['cascade_cost_at_mean_p_esc'])} in total; "
+                  + ", ".join(f"{t['tier']} {money(t['cascade_cost_at_mean_p_esc'])}" for t in rep["tiers"]) + "\n")
     if rep.get("unpriced_note"):
         buf.write(f"unpriced: {rep['unpriced_note']}\n")
     return buf.getvalue()

@@ -317,11 +317,20 @@ def oracle_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Seq
              for i, t in enumerate(tiers)]
     what_if = "" if route.escalation.on_answer is not None else (
         "what-if (the route has no escalation.on_answer: the tiers the router would check with it); ")
-    rep = cascade.report(shown, requests, f"{what_if}oracle verifier (offline): p_esc = each checked tier's observed "
-                         "error rate on the answers it gave (routed there or escalated to it)",
+    rep = cascade.report(shown, requests, f"{what_if}oracle verifier (offline): PER ITEM, each item escalates from a "
+                         "checked tier exactly when its answer there is wrong (0 or 1); the p_esc column is each "
+                         "tier's average of those (its error rate on the answers it gave, routed there or escalated "
+                         "to it), shown for reading, not the cascade $'s input",
                          f"prompt tokens of each suite prompt by the classifier's tokenizer; {output_tokens} output "
                          "tokens per answer assumed (--output-tokens)", why,
                          "estimated per suite prompt: its classifier tokens and --output-tokens, as above")
+    rep["formula"] = ("per item: cascade = attempt(i) + verifier(i) + [wrong at i] x cascade(i+1), summed over the "
+                      "items (their own tokens and outcomes); " + cascade.FORMULA)
+    # the printed formula at the printed (average) p_esc, for a reader who checks the table by hand
+    mean = cascade.report(shown, [dataclasses.replace(r, p_esc=None) for r in requests], "", "")
+    rep["total"]["cascade_cost_at_mean_p_esc"] = mean["total"]["cascade_cost"]
+    for row, m in zip(rep["tiers"], mean["tiers"], strict=True):
+        row["cascade_cost_at_mean_p_esc"] = m["cascade_cost"]
     n = len(results)
     rep["accuracy"] = {"routed": round(sum(r.correct for r in results) / n, 4),
                        "cascade": round(sum(finals) / n, 4),

@@ -185,3 +185,22 @@ def test_eval_online_measures_the_rate_from_the_answer_escalation_header() -> No
     assert rep["tiers"][1]["p_esc"] == 0.0  # the 70B tier kept both answers it gave
     assert rep["tiers"][0]["routed_requests"] == 8  # a replaced answer was routed to the tier below
     assert "measured online" in rep["p_esc_source"]
+
+
+def test_figures_reproducible_from_the_table_oracle_p_esc_is_per_item_and_the_mean_figure_is_printed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # QA2 #29: items differ in tokens and in where they are wrong, so the formula applied to the printed
+    # (average) p_esc is not the per-item cascade $; the table says which is which and prints both.
+    suite = tmp_path / "suite.jsonl"
+    wrong = {"llama-8b": False, "llama-70b": True, "openai-gpt4o": True}
+    right = {"llama-8b": True, "llama-70b": True, "openai-gpt4o": True}
+    suite.write_text("".join(json.dumps({"prompt": p, "outcomes": o}) + "\n"
+                             for p, o in [("hi", wrong), ("thanks, that was kind of you, have a nice day my friend", right)]))
+    args = ["eval", "run", "--config", str(SEED), "--route", "adaptive", "--suite", str(suite)]
+    main([*args, "-o", "json"])
+    casc = json.loads(capsys.readouterr().out)["cascade"]
+    assert "PER ITEM" in casc["p_esc_source"] and casc["formula"].startswith("per item")
+    mean, per_item = casc["total"]["cascade_cost_at_mean_p_esc"], casc["total"]["cascade_cost"]
+    assert mean != pytest.approx(per_item)
+    main(args)
+    assert "expected value at the p_esc column" in capsys.readouterr().out
