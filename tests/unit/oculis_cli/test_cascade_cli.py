@@ -195,7 +195,7 @@ def test_figures_reproducible_from_the_table_oracle_p_esc_is_per_item_and_the_me
     wrong = {"llama-8b": False, "llama-70b": True, "openai-gpt4o": True}
     right = {"llama-8b": True, "llama-70b": True, "openai-gpt4o": True}
     suite.write_text("".join(json.dumps({"prompt": p, "outcomes": o}) + "\n"
-                             for p, o in [("hi", wrong), ("thanks, that was kind of you, have a nice day my friend", right)]))
+                             for p, o in [("hi", wrong), ("thanks, that was kind of you, have a nice day", right)]))
     args = ["eval", "run", "--config", str(SEED), "--route", "adaptive", "--suite", str(suite)]
     main([*args, "-o", "json"])
     casc = json.loads(capsys.readouterr().out)["cascade"]
