@@ -258,27 +258,11 @@ def _fmt(v: Any, nd: int = 1) -> str:
     return str(v)
 
 
-def _rows(doc: dict[str, Any]) -> list[tuple[str, Any, Any, Any, Any, str]]:
-    """(metric, baseline, current, change, change %, status) for the table and CSV."""
-    from oculis_measure.bench.stats import get
-
-    cur, base, deltas = doc["current"], doc.get("baseline"), doc.get("delta") or {}
-    keys = ["throughput_tok_s", "requests_per_s", "goodput_rps", "goodput_share",
-            *[f"{m}_ms.{s}" for m in ("ttft", "tpot", "itl", "e2e") for s in ("p50", "p95", "p99")],
-            "errors", "error_rate", "cost_per_1k_requests"]
-    out = []
-    for k in keys:
-        d = deltas.get(k, {})
-        out.append((k, get(base, k) if base else None, get(cur, k), d.get("change"), d.get("change_pct"),
-                    d.get("status", "")))
-    return out
-
-
 def render_table(doc: dict[str, Any], out: TextIO) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from oculis_measure.bench.stats import FORMULAS
+    from oculis_measure.bench.stats import FORMULAS, comparison_rows
 
     console = Console(file=out, width=120, highlight=False, soft_wrap=True)
     cur, wl = doc["current"], doc["workload"]
@@ -308,7 +292,7 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
     compare = doc.get("baseline") is not None
     for col in ("metric", *(("baseline",) if compare else ()), "current", *(("delta", "") if compare else ())):
         table.add_column(col, justify="left" if col in ("metric", "") else "right")
-    for k, b, c, ch, pct, status in _rows(doc):
+    for k, b, c, ch, pct, status in comparison_rows(doc):
         if c is None and b is None:
             continue
         nd = 3 if k in ("goodput_share", "error_rate", "cost_per_1k_requests") else 0 if k == "errors" else 1
@@ -339,9 +323,11 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
 
 
 def render_csv(doc: dict[str, Any], out: TextIO) -> None:
+    from oculis_measure.bench.stats import comparison_rows
+
     w = csv.writer(out)
     w.writerow(["metric", "baseline", "current", "change", "change_pct", "status", "verdict", "simulated"])
-    for row in _rows(doc):
+    for row in comparison_rows(doc):
         w.writerow([*("" if v is None else v for v in row), doc["verdict"] or "", str(doc["simulated"]).lower()])
 
 

@@ -1,5 +1,8 @@
 """`oculis bench run --report out.html`: one self-contained page (plotly's JavaScript inlined once, no
-network needed to open it): latency CDFs, output throughput over time, and baseline vs current."""
+network needed to open it): the verdict, the comparison table the CLI prints, latency CDFs on log axes
+(a 30 ms baseline and a 20 s current both stay visible), output throughput over time, and the changes
+beyond their limits as horizontal bars clipped at +/-100 % with the real value written on each; the raw
+JSON is folded away at the end."""
 
 from __future__ import annotations
 
@@ -8,6 +11,10 @@ import json
 from typing import Any
 
 import numpy as np
+
+from oculis_measure.bench.stats import comparison_rows
+
+CLIP_PCT = 100.0  # delta bars beyond this are drawn at it; the label carries the real change
 
 
 def _cdf(values: list[float]) -> tuple[list[float], list[float]]:
@@ -24,34 +31,83 @@ def _throughput(samples: dict[str, list[float]], bin_s: float = 1.0) -> tuple[li
     return edges[:-1].tolist(), (sums / bin_s).tolist()
 
 
+def _num(v: Any, nd: int = 1) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.{nd}f}" if isinstance(v, float) else str(v)
+
+
+def _table(doc: dict[str, Any]) -> str:
+    """The CLI's comparison table as HTML."""
+    compare = doc.get("baseline") is not None
+    head = ["metric", *(["baseline"] if compare else []), "current", *(["change", "status"] if compare else [])]
+    rows = []
+    for k, b, c, ch, pct, status in comparison_rows(doc):
+        if b is None and c is None:
+            continue
+        nd = 3 if k in ("goodput_share", "error_rate", "cost_per_1k_requests") else 0 if k == "errors" else 1
+        cells = [k, *([_num(b, nd)] if compare else []), _num(c, nd)]
+        if compare:
+            cells += ["-" if ch is None else f"{ch:+,.{nd}f}" + ("" if pct is None else f" ({pct:+.1f}%)"), status]
+        style = " style='color:#d62728;font-weight:bold'" if status == "regressed" else ""
+        rows.append(f"<tr{style}>" + "".join(f"<td>{_html.escape(str(x))}</td>" for x in cells) + "</tr>")
+    return ("<table border='1' cellpadding='4' style='border-collapse:collapse;font-family:monospace'><tr>"
+            + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>")
+
+
+def _facts(doc: dict[str, Any]) -> str:
+    wl, cur = doc["workload"], doc["current"]
+    req, win = cur["requests"], cur.get("window") or {}
+    items = [("verdict", f"{doc['verdict'] or 'none'}" + (f": {doc['reasons'][0]}" if doc["reasons"] else "")),
+             *[("also", r) for r in doc["reasons"][1:]],
+             ("workload", f"route {wl['route']}, profile {wl['profile']}, seed {wl['seed']}, load {wl['load']}, "
+                          f"fingerprint {doc['workload_hash']}"),
+             ("prompts", "salted for this run (nothing reused from an earlier run's prefix cache)"
+              if doc.get("fresh_cache") else "not salted (may hit prefixes an earlier run cached)"),
+             ("window", f"{win.get('window_s', cur['duration_s']):,.1f} s (every rate divides by it)"),
+             ("requests", f"{req['succeeded']} succeeded, {req['failed']} failed, {req['cancelled']} cut at the "
+                          f"drain, {req['warmup_excluded']} warm-up excluded"),
+             *[("warning", w) for w in doc.get("warnings", [])]]
+    return "<ul>" + "".join(f"<li><b>{k}</b>: {_html.escape(str(v))}</li>" for k, v in items) + "</ul>"
+
+
 def html(doc: dict[str, Any], current: dict[str, list[float]], baseline: dict[str, list[float]] | None) -> str:
     import plotly.graph_objects as go  # type: ignore[import-untyped]  # plotly ships no type hints
     from plotly.subplots import make_subplots  # type: ignore[import-untyped]
 
     runs = [("current", current, "#2ca02c")] + ([("baseline", baseline, "#7f7f7f")] if baseline else [])
-    fig = make_subplots(rows=2, cols=2, subplot_titles=("TTFT CDF (ms)", "E2E latency CDF (ms)",
-                                                        "output tokens/s over time (by completion, 1 s bins)",
-                                                        "baseline vs current"))
+    deltas = {k: d for k, d in (doc.get("delta") or {}).items() if d.get("change_pct") is not None}
+    fig = make_subplots(rows=2, cols=2, subplot_titles=(
+        "TTFT CDF (ms, log axis)", "E2E latency CDF (ms, log axis)", "output tokens/s over time (1 s bins)",
+        f"change vs baseline (%, bars clipped at +/-{CLIP_PCT:g})" if deltas else "change vs baseline: no baseline"))
     for name, s, color in runs:
         for col, key in ((1, "ttft_ms"), (2, "e2e_ms")):
-            x, y = _cdf(s.get(key) or [])
+            x, y = _cdf([v for v in s.get(key) or [] if v > 0])  # a log axis has no 0
             fig.add_trace(go.Scatter(x=x, y=y, name=f"{name} {key}", line={"color": color}), row=1, col=col)
         x, y = _throughput(s)
         fig.add_trace(go.Scatter(x=x, y=y, name=f"{name} tok/s", line={"color": color}), row=2, col=1)
-    deltas = doc.get("delta") or {}
+    for col in (1, 2):
+        fig.update_xaxes(type="log", title_text="ms", row=1, col=col)
+        fig.update_yaxes(title_text="share of requests", range=[0, 1], row=1, col=col)
+    fig.update_xaxes(title_text="seconds from the run's start (by completion)", row=2, col=1)
+    fig.update_yaxes(title_text="output tokens/s", row=2, col=1)
     if deltas:
-        keys = list(deltas)
-        fig.add_trace(go.Bar(x=keys, y=[deltas[k]["change_pct"] or 0 for k in keys], name="change %",
-                             marker_color=["#d62728" if deltas[k]["status"] == "regressed" else "#1f77b4"
+        keys = list(deltas)[::-1]  # top to bottom as in the table
+        pct = [float(deltas[k]["change_pct"]) for k in keys]
+        fig.add_trace(go.Bar(y=keys, x=[max(-CLIP_PCT, min(CLIP_PCT, p)) for p in pct], orientation="h",
+                             text=[f"{p:+.1f}%" for p in pct], textposition="auto", name="change %",
+                             marker_color=["#d62728" if deltas[k]["status"] == "regressed" else
+                                           "#2ca02c" if deltas[k]["status"] == "improved" else "#7f7f7f"
                                            for k in keys]), row=2, col=2)
-    fig.update_layout(height=800, title_text=f"oculis bench run: {doc['verdict'] or 'no verdict'}"
+        fig.update_xaxes(title_text="change % (red: regressed, green: improved, grey: within limits)",
+                         range=[-CLIP_PCT * 1.05, CLIP_PCT * 1.05], row=2, col=2)
+    fig.update_layout(height=900, title_text=f"oculis bench run: {doc['verdict'] or 'no verdict'}"
                       + (" (SIMULATED)" if doc["simulated"] else ""))
     plot = fig.to_html(full_html=False, include_plotlyjs="inline")
-    summary = {k: doc[k] for k in ("verdict", "reasons", "simulated", "note", "workload", "workload_hash",
-                                   "warnings")}
     sim = f"<p><b>{_html.escape(doc['note'])}</b></p>" if doc["simulated"] and doc.get("note") else ""
+    raw = _html.escape(json.dumps({k: doc.get(k) for k in ("current", "baseline", "delta", "slos")}, indent=2))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>oculis bench run</title></head><body>"
-            f"<h1>oculis bench run: {_html.escape(str(doc['verdict'] or 'no verdict'))}</h1>{sim}{plot}"
-            f"<h2>Summary</h2><pre>{_html.escape(json.dumps(summary, indent=2))}</pre>"
-            f"<h2>Current</h2><pre>{_html.escape(json.dumps(doc['current'], indent=2))}</pre>"
-            f"<h2>Delta</h2><pre>{_html.escape(json.dumps(doc.get('delta'), indent=2))}</pre></body></html>\n")
+            f"<h1>oculis bench run: {_html.escape(str(doc['verdict'] or 'no verdict'))}</h1>{sim}{_facts(doc)}"
+            f"<h2>Metrics</h2>{_table(doc)}{plot}"
+            f"<details><summary>raw JSON (current, baseline, delta, SLOs)</summary><pre>{raw}</pre></details>"
+            "</body></html>\n")

@@ -375,6 +375,21 @@ def verdict(current: dict[str, Any], fingerprint: dict[str, Any], slo_results: l
     return "PASS", passed
 
 
+def comparison_rows(doc: dict[str, Any]) -> list[tuple[str, Any, Any, Any, Any, str]]:
+    """(metric, baseline, current, change, change %, status) of a run's document: the rows of the CLI's
+    table, its CSV and the HTML report."""
+    cur, base, deltas = doc["current"], doc.get("baseline"), doc.get("delta") or {}
+    keys = ["throughput_tok_s", "requests_per_s", "goodput_rps", "goodput_share",
+            *[f"{m}_ms.{s}" for m in ("ttft", "tpot", "itl", "e2e") for s in ("p50", "p95", "p99")],
+            "errors", "error_rate", "cost_per_1k_requests"]
+    out = []
+    for k in keys:
+        d = deltas.get(k, {})
+        out.append((k, get(base, k) if base else None, get(cur, k), d.get("change"), d.get("change_pct"),
+                    d.get("status", "")))
+    return out
+
+
 # ---- baselines -------------------------------------------------------------------------------------------
 
 def from_vllm(data: dict[str, Any]) -> dict[str, Any]:

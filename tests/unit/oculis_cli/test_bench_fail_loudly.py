@@ -152,3 +152,17 @@ def test_each_run_salts_its_prompts_unless_the_profile_shares_them(
     assert main(bench(url, "--profile", str(shared), "--compare", str(base), "-o", "table")) == 4
     out = capsys.readouterr().out
     assert "prompts not salted" in out and "salted True vs False" in out
+
+
+def test_the_html_report_is_readable_tables_log_latency_axes_and_clipped_deltas(
+        fake: tuple[Fake, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, url = fake
+    base, page = tmp_path / "base.json", tmp_path / "report.html"
+    assert main(bench(url, "--save", str(base), "-o", "json")) == 0
+    main(bench(url, "--compare", str(base), "--report", str(page), "-o", "json"))
+    capsys.readouterr()
+    text = page.read_text()
+    assert "<table" in text and "<td>ttft_ms.p95</td>" in text  # the CLI's comparison table, not a JSON dump
+    assert '"type":"log"' in text.replace(" ", "")  # latency CDFs on log axes
+    assert "bars clipped at +\\u002f-100" in text and "seconds from the run" in text
+    assert "<details><summary>raw JSON" in text and "prompts</b>: salted for this run" in text
