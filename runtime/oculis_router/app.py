@@ -104,8 +104,10 @@ class Router:
             if body.get("stream"):
                 check = plan.route.route.escalation.on_answer if plan.route else None
                 if check is not None and check.buffer_streams and plan.route and plan.route.route.escalation.enabled:
-                    return self.logged(plan, body, await held(
-                        hold, self.calls.buffered(body, plan, endpoint, key, route_label, hold)))
+                    # answered whole before any byte goes out: a client that leaves meanwhile stops it, as below
+                    return self.logged(plan, body, await self.unless_client_leaves(
+                        request, held(hold, self.calls.buffered(body, plan, endpoint, key, route_label, hold)),
+                        route_label, plan))
                 return self.logged(plan, body, await held(
                     hold, self.calls.stream(body, plan, endpoint, key, route_label, hold)))
             return self.logged(plan, body, await self.unless_client_leaves(

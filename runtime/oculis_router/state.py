@@ -251,7 +251,7 @@ class ConfigHolder:
         """Try the rejected file again when a file it reads changed (a head that was missing or bad)
         or `RETRY_REJECTED_S` passed; True when it applied. Said again only if the reason changed."""
         r = self.rejected
-        if r is None:
+        if r is None or r.digest.startswith("too-large:"):  # not read: only a new write can change it
             return False
         now = time.monotonic() if now is None else now
         if all(_file_stamp(p) == st for p, st in r.deps.items()) and now - r.tried_at < RETRY_REJECTED_S:

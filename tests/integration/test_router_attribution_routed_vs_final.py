@@ -137,3 +137,21 @@ def test_a_cold_start_escalation_says_so(logged: tuple[RouterHandle, Path], fake
     r = ask(router)
     assert r.headers["x-oculis-cold-start"] == "escalated" and r.headers["x-oculis-escalation-reason"] == "cold_start"
     assert last_line(sink)["escalation_reason"] == "cold_start" and last_line(sink)["routed_tier"] == "standard"
+
+
+def test_a_client_that_leaves_a_buffered_stream_stops_the_upstream_and_keeps_its_labels(
+        router: RouterHandle, fakes: Fakes) -> None:
+    """A buffered stream (escalation.on_answer.buffer_streams) is a non-streamed call until the answer is
+    whole and checked: a client leaving meanwhile was not noticed, so the engine kept generating."""
+    serve(router, fakes.config(cache={"enabled": False},
+                               escalation={"enabled": True, "on_low_confidence": False,
+                                           "on_answer": {"min_mean_logprob": -1.0, "buffer_streams": True}}))
+    fakes.scripts["small"].reply_delay = 20
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(router.server.url + "/v1/chat/completions", timeout=0.5,
+                   json={"model": "adaptive", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    eventually(lambda: fakes.scripts["small"].streams_cut, timeout=5, interval=0.05,
+               what="the upstream to stop generating after the client left")
+    eventually(lambda: counted(router, route="adaptive", tier="simple", upstream="llama-8b",
+                               outcome="client_closed") == 1, timeout=10, interval=0.05,
+               what="the client_closed count with its tier and upstream")

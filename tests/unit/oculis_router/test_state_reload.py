@@ -225,3 +225,19 @@ def test_hot_reload_retries_a_rejected_config_on_touch_and_periodically(
     assert "third" not in holder.current.routes
     assert holder.retry_rejected(now=time.monotonic() + state.RETRY_REJECTED_S + 1) is True
     assert "third" in holder.current.routes
+
+
+def test_a_file_too_large_to_read_is_not_retried_until_written_again(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    path = tmp_path / "oculis-config.yaml"
+    path.write_text(config("first"))
+    metrics = Metrics()
+    holder = ConfigHolder(path, metrics)
+    monkeypatch.setattr(state, "MAX_CONFIG_BYTES", 10)
+    path.write_text(config("first", "second"))
+    holder.tick()
+    assert holder.rejected is not None and "larger than any configuration" in holder.rejected.reason
+    assert holder.retry_rejected(now=time.monotonic() + state.RETRY_REJECTED_S + 1) is False
+    assert counted(metrics, "rejected") == 1 and "larger" in holder.rejected.reason  # not re-read as empty
