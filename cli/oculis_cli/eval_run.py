@@ -138,9 +138,13 @@ def online_results(route: Route, items: list[core.Item], args: argparse.Namespac
 
     import httpx
 
+    from oculis_measure.bench.failures import api_base, diagnose
+    from oculis_measure.bench.load import error_text
+
     key = os.environ.get(args.api_key_env)
     headers = {"authorization": f"Bearer {key}"} if key else {}
-    url = args.url.rstrip("/").removesuffix("/v1") + "/v1/chat/completions"
+    url = api_base(args.url) + "/v1/chat/completions"
+    refused: list[tuple[str, str]] = []  # (error kind, server's message) of answers that were HTTP errors
     strongest = route.tiers[-1].upstream
     client = httpx.Client(timeout=120, headers=headers)
 
@@ -149,6 +153,7 @@ def online_results(route: Route, items: list[core.Item], args: argparse.Namespac
         r = client.post(url, json={"model": model, "messages": messages, "temperature": 0,
                                    "max_tokens": args.max_tokens})
         if r.status_code != 200:
+            refused.append((f"http_{r.status_code}", error_text(r.content)))
             raise ValueError(f"{model} answered HTTP {r.status_code}: {r.text[:200]}")
         data = r.json()
         content = data["choices"][0]["message"].get("content") or ""
@@ -173,7 +178,13 @@ def online_results(route: Route, items: list[core.Item], args: argparse.Namespac
 
     with client, ThreadPoolExecutor(max(1, args.concurrency)) as pool:
         done = list(pool.map(one, items))
-    return [r for r in done if isinstance(r, core.Result)], [r for r in done if isinstance(r, str)]
+    results = [r for r in done if isinstance(r, core.Result)]
+    if items and not results and refused and len({k for k, _ in refused}) == 1:
+        # every item failed the same way: the server's refusal, not the suite's lines (fail loudly, one line)
+        kind, detail = refused[0]
+        d = diagnose(kind, len(items), len(items), args.url, route.name, args.api_key_env if key else None, detail)
+        raise SourceError(d.line, d.exit_code)
+    return results, [r for r in done if isinstance(r, str)]
 
 
 def render(rep: dict[str, Any], stdout: TextIO) -> None:

@@ -166,3 +166,22 @@ def test_the_html_report_is_readable_tables_log_latency_axes_and_clipped_deltas(
     assert '"type":"log"' in text.replace(" ", "")  # latency CDFs on log axes
     assert "bars clipped at +\\u002f-100" in text and "seconds from the run" in text
     assert "<details><summary>raw JSON" in text and "prompts</b>: salted for this run" in text
+
+
+def test_one_line_errors_and_exit_codes_eval_online_whose_every_item_is_refused(
+        fake: tuple[Fake, str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a sibling of the wrong-URL bench run: not "N bad suite lines", one line naming the cause and fix
+    state, url = fake
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text("".join(json.dumps({"prompt": f"q{i}", "expected": "x"}) + "\n" for i in range(3)))
+    seed = Path(__file__).resolve().parents[3] / "examples" / "oculis-config.yaml"
+    args = ["eval", "run", "--config", str(seed), "--route", "adaptive", "--suite", str(suite)]
+    assert main([*args, "--url", url + "/api"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "every request failed (3 of 3): HTTP 404" in err and "--url path" in err
+    state.key = "secret"
+    assert main([*args, "--url", url + "/v1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "HTTP 401" in err and "pass --api-key-env VAR" in err
