@@ -304,6 +304,9 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
     console.print("formulas: " + "; ".join(f"{k} = {v}" for k, v in FORMULAS.items()))
     if cur.get("errors_by_kind"):
         console.print("errors by kind: " + ", ".join(f"{k} {v}" for k, v in cur["errors_by_kind"].items()))
+    if cur.get("usage_estimated"):
+        console.print(f"usage: {cur['usage_estimated']} answers came without usage; their tokens (and cost) are "
+                      "estimated from the text (prompt words, content chunks), never counted as 0")
     if cur.get("cost_per_1k_requests") is None:
         console.print(f"cost: {doc.get('cost_note', 'not priced')}")
     srv = cur.get("server")

@@ -139,9 +139,13 @@ async def _stream(client: Any, body: dict[str, Any], result: RequestResult, sent
     from oculis_router.usage import Usage
 
     u = Usage.parse(usage)
-    result.output_tokens = u.completion if u is not None else chunks
-    result.prompt_tokens = u.prompt if u is not None else 0
-    result.cached_tokens = u.cached if u is not None else 0
+    if u is None:  # no usage came with the answer: estimated, never 0 prompt tokens (and counted as such)
+        result.usage_estimated = True
+        words = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
+        u = Usage(words, chunks, 0, 0)  # the workloads' words are about one token each
+    result.output_tokens = u.completion
+    result.prompt_tokens = u.prompt
+    result.cached_tokens = u.cached
     result.usage = u  # priced after the run, in one place
 
 

@@ -61,6 +61,7 @@ class RequestResult:
     cancelled: bool = False  # still in flight when the drain timed out: neither good nor bad
     simulated: bool = False
     usage: Any = None  # the upstream's usage (oculis_router.usage.Usage), priced after the run
+    usage_estimated: bool = False  # the answer came without usage: its tokens are estimated from the text
 
     @property
     def tpot_s(self) -> float | None:
@@ -207,6 +208,7 @@ def summarize(results: list[RequestResult], window_s: float, *, slos: list[Slo] 
         "goodput_basis": "request-level latency SLOs (" + (", ".join(s.text for s in slos if s.per_request())
                                                             or "none given: every success is good") + ")",
         "cost_per_1k_requests": (sum(costs) / len(costs) * 1000) if costs and len(costs) == len(ok) else None,
+        "usage_estimated": sum(1 for r in ok if r.usage_estimated),
         "simulated": any(r.simulated for r in ok),
     }
     return out

@@ -152,3 +152,11 @@ def test_fresh_cache_salts_only_the_start_of_the_prompt() -> None:
 def test_failed_answers_are_counted_by_kind(body: bytes, status: int, kind: str) -> None:
     r, _ = _run_one(body, status)
     assert not r.ok and r.error == kind
+
+
+def test_unmetered_answers_are_estimated_from_their_text_never_zero() -> None:
+    # a sibling of QA2 #4 in the load generator: an answer without usage was priced with 0 prompt tokens
+    r, _ = _run_one(_sse({"choices": [{"delta": {"content": "a"}}]}, {"choices": [{"delta": {"content": " b"}}]}))
+    assert r.ok and r.usage_estimated and (r.prompt_tokens, r.output_tokens) == (2, 2)  # "shared" + "hi"
+    m = summarize([r], 1.0)
+    assert m["usage_estimated"] == 1 and m["input_tokens"] == 2
