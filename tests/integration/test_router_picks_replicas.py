@@ -201,3 +201,30 @@ def test_a_replica_vanishing_mid_stream_ends_the_stream_with_an_error_event_not_
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+def test_a_replica_answering_5xx_is_set_aside_and_the_tier_does_not_escalate(tmp_path: Path) -> None:
+    from fake_upstreams import Script, Server, openai_app
+
+    bad, good = Script(fail_times=1000, fail_status=500), Script()
+    with Server(openai_app("bad", bad)) as b, Server(openai_app("good", good)) as g:
+        cfg = tmp_path / "5xx.yaml"
+        cfg.write_text(yaml.safe_dump({"oculis": {
+            "upstreams": [{"name": "llama", "provider": "vllm", "model": "m", "picker": "round-robin",
+                           "endpoints": [b.url + "/v1", g.url + "/v1"]},
+                          {"name": "big", "provider": "vllm", "model": "m", "base_url": g.url + "/v1"}],
+            "routes": [{"name": "chat", "strategy": "semantic", "tiers": [
+                {"name": "small", "match": {}, "upstream": "llama"}, {"name": "large", "match": {}, "upstream": "big"}],
+                "escalation": {"enabled": True, "max_retries": 0}}]}}))
+        proc, url, _ = start_router(cfg, tmp_path / "5xx.log")
+        try:
+            for n in range(6):
+                r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+                    "model": "chat", "max_tokens": 2, "messages": [{"role": "user", "content": f"hi {n}"}]})
+                assert r.status_code == 200, r.text
+                # max_retries 0, yet the other replica of the same upstream answered: no escalation
+                assert r.headers["x-oculis-upstream"] == "llama" and r.headers["x-oculis-replica"] == g.url + "/v1"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+        assert len(bad.received) == 1  # set aside after its 500: no further call went there

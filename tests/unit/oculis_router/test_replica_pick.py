@@ -148,3 +148,12 @@ def test_a_fleet_keeps_an_upstreams_memory_across_syncs_and_drops_it_when_it_has
     assert fleet.pools["u"] is pool_before
     fleet.sync({})
     assert "u" not in fleet.pools
+
+
+def test_the_decision_log_records_the_replica() -> None:
+    from oculis.router import DecisionLog
+    from oculis_router.decisionlog import entry
+
+    line = entry(DecisionLog(), "chat", BODY, 0.2, 0.9, 40, 200,
+                 {"x-oculis-tier": "small", "x-oculis-upstream": "llama", "x-oculis-replica": "llama-vllm-7c9d-abcde"})
+    assert line["replica"] == "llama-vllm-7c9d-abcde" and line["upstream"] == "llama"
