@@ -116,6 +116,13 @@ def _prompts(sc: Scenario, repeat: int) -> list[list[int]]:
     return prompts
 
 
+def with_tpot(sc: Scenario, fig: dict[str, Any]) -> dict[str, Any]:
+    """Decode time per output token, (E2E - TTFT) / (output - 1) over the scenario's means: under load the API
+    server packs several tokens into one streamed chunk, so the gaps between chunks are not per token."""
+    out = statistics.fmean(r[2] for r in sc.requests)
+    return {**fig, "tpot_ms": (fig["e2e_ms"] - fig["ttft_ms"]) / (out - 1)}
+
+
 def simulate(sc: Scenario, profile: steptime.FittedSteps) -> dict[str, float]:
     e = ENGINES[sc.engine]
     s = config.resolve("tiny", "CPU", model_config=TINY, max_num_seqs=e["max_num_seqs"],
@@ -259,8 +266,9 @@ def fit_profile(recorded: dict[str, Any]) -> steptime.FittedSteps:
     less one step, the API server's time before the scheduler sees a request; TTFT of eight at once: how much
     of that time the API server spends on one request at a time."""
     runs = recorded["runs"]
-    itl1 = medians(runs["single"])["itl_ms"] / 1000
-    itl8 = medians(runs["concurrent8"])["itl_ms"] / 1000
+    by_name = {s.name: s for s in scenarios()}
+    itl1 = medians([with_tpot(by_name["single"], r) for r in runs["single"]])["tpot_ms"] / 1000
+    itl8 = medians([with_tpot(by_name["concurrent8"], r) for r in runs["concurrent8"]])["tpot_ms"] / 1000
     request = max(0.0, (itl8 - itl1) / 7)
     step = max(itl1 - request, 1e-4)
     pairs = [(p, t / 1000) for r in runs["single"] for p, t in r.get("ttft_by_prompt", [])]

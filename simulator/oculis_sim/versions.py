@@ -49,22 +49,25 @@ class VersionProfile:
 # figures instead: prefill at 0.55 of peak, between BLIS's roofline 0.45 (Discussion #589) and what
 # FlashAttention-3 reaches on H100 (75 %, Shah et al. 2024); the CPU step (1 ms + 8 us a request) only
 # shows when it exceeds the GPU's, i.e. for tiny models (an assumption).
-V1_ASYNC = VersionProfile(era="v1 async scheduling (>= 0.12)", weight_bw=0.75, kv_bw=0.75, mfu_prefill=0.55,
-                          mfu_decode=0.45, step_cpu_s=1.0e-3, request_cpu_s=8e-6, overlap=True, layer_launch_s=8e-6,
-                          graph_layer_s=8e-6, allreduce_s=6e-6, api_s=8e-3, finish_s=0.3e-3, per_token_s=10e-6)
+V1_ASYNC = VersionProfile(era="v1 async scheduling (>= 0.12)", weight_bw=0.78, kv_bw=0.74, mfu_prefill=0.55,
+                          mfu_decode=0.45, step_cpu_s=1.0e-3, request_cpu_s=8e-6, overlap=True, layer_launch_s=8.4e-6,
+                          graph_layer_s=8.4e-6, allreduce_s=6.2e-6, api_s=7.9e-3, finish_s=0.3e-3, per_token_s=9.4e-6)
 # V1, 0.8-0.11: persistent batch, piecewise CUDA graphs, FlashAttention 3 on Hopper (the same kernels as
 # above), but the scheduler runs between steps: its CPU time adds to every step. Validated (not fitted) on
 # vllm#16937 (B2, batch 1) and vllm#18566 (B9, 1000 at once) in bench/sim_validation.py.
 V1_SYNC = dataclasses.replace(V1_ASYNC, era="v1 (0.8-0.11)", overlap=False)
-# V0, before 0.6: the BLIS trained-physics constants this simulator used until now (fit by BLIS on
-# H100 traces; simulator note section 2), with the per-step CPU work serial. Validated on the
-# LambdaLabsML/vllm-benchmark v0.5.4 points (B6-B8 in bench/sim_validation.py).
+# V0, before 0.6: the BLIS trained-physics kernel fractions and launch costs this simulator used until now
+# (simulator note section 2), with the CPU work serial and large: on Llama-3-8B / H100 with v0.5.3 the GPU
+# ran 38 % of the time, the API server 33 % and scheduling 29 % (vLLM blog 2024-09-05 "perf-update"), i.e.
+# CPU ~1.6x the GPU time; at the ~256-sequence batches of that benchmark (a ~8 ms GPU step here) that is
+# ~50 us per scheduled request per step (derived). Validated on the LambdaLabsML/vllm-benchmark v0.5.4
+# points (B6-B8 in bench/sim_validation.py).
 V0 = VersionProfile(era="v0 (<= 0.5)", weight_bw=1 / 1.36, kv_bw=1 / 1.95, mfu_prefill=0.45, mfu_decode=0.40,
-                    step_cpu_s=126e-6, request_cpu_s=4.4e-6, overlap=False, layer_launch_s=32e-6,
+                    step_cpu_s=126e-6, request_cpu_s=50e-6, overlap=False, layer_launch_s=32e-6,
                     graph_layer_s=32e-6, allreduce_s=10e-6, api_s=15.6e-3, finish_s=0.78e-3, per_token_s=46e-6)
-# V0 0.6-0.7: multi-step scheduling and async output processing hide most of the CPU (B3/B4: v0.6.0
-# multi-step 10 vs single step 2.0x throughput on 8B) but the engine is still V0: same kernels as above.
-V0_MULTISTEP = dataclasses.replace(V0, era="v0 multi-step (0.6-0.7)", overlap=True)
+# V0 0.6-0.7: multi-step scheduling (10 steps per schedule) and async output processing amortise and hide
+# the CPU work (same post: 2.7x throughput on 8B); the kernels are V0's.
+V0_MULTISTEP = dataclasses.replace(V0, era="v0 multi-step (0.6-0.7)", overlap=True, request_cpu_s=5e-6)
 
 ERAS: tuple[tuple[tuple[int, int], VersionProfile], ...] = (
     ((0, 12), V1_ASYNC), ((0, 8), V1_SYNC), ((0, 6), V0_MULTISTEP), ((0, 0), V0))
