@@ -84,7 +84,7 @@ POINTS = [
     Point("B6h", "Llama-3.1-8B-FP8 1xH100, 320 ShareGPT at once", "LambdaLabsML/vllm-benchmark (v0.5.4: ITL 19.8 ms)",
           "ITL", 19.8, {"model_name": L8, "gpu_name": "H100-80GB", "quantization": "fp8", "max_num_seqs": 256,
                         "max_num_batched_tokens": 2048}, shape(320), "itl_mean",
-          "statistic not stated: mean assumed", version="0.5"),
+          "statistic not stated: mean assumed", version="0.5", fitted=True),
     Point("B6a", "Llama-3.1-8B-FP8 1xA100-80GB, same", "LambdaLabsML/vllm-benchmark (v0.5.4: ITL 42.9 ms)", "ITL",
           42.9, {"model_name": L8, "gpu_name": "A100-80GB", "quantization": "fp8", "max_num_seqs": 256,
                  "max_num_batched_tokens": 2048}, shape(320), "itl_mean",
