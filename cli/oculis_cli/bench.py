@@ -250,19 +250,11 @@ def _server_metrics(args: argparse.Namespace, window: dict[str, float]) -> dict[
 
 # ---- output --------------------------------------------------------------------------------------------
 
-def _fmt(v: Any, nd: int = 1) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.{nd}f}"
-    return str(v)
-
-
 def render_table(doc: dict[str, Any], out: TextIO) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from oculis_measure.bench.stats import FORMULAS, comparison_rows
+    from oculis_measure.bench.stats import FORMULAS, fmt, table_cells
 
     console = Console(file=out, width=120, highlight=False, soft_wrap=True)
     cur, wl = doc["current"], doc["workload"]
@@ -283,22 +275,16 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
     if cur.get("achieved_rate") is not None and "rate" in load:
         lag = cur.get("send_lag_ms") or {}
         console.print(f"achieved {cur['achieved_rate']:.2f} req/s sent ({doc['scheduled_rate']:.2f} scheduled by the "
-                      f"seeded arrivals), send lag p99 {_fmt(lag.get('p99'))} ms")
+                      f"seeded arrivals), send lag p99 {fmt(lag.get('p99'))} ms")
     console.print(f"requests: {req['succeeded']} succeeded, {req['failed']} failed, {req['cancelled']} cancelled "
                   f"(not drained), {req['warmup_excluded']} warm-up excluded")
     for w in doc.get("warnings", []):
         console.print(f"warning: {w}")
     table = Table(show_edge=False, pad_edge=False)
-    compare = doc.get("baseline") is not None
-    for col in ("metric", *(("baseline",) if compare else ()), "current", *(("delta", "") if compare else ())):
+    cols, rows = table_cells(doc)
+    for col in cols:
         table.add_column(col, justify="left" if col in ("metric", "") else "right")
-    for k, b, c, ch, pct, status in comparison_rows(doc):
-        if c is None and b is None:
-            continue
-        nd = 3 if k in ("goodput_share", "error_rate", "cost_per_1k_requests") else 0 if k == "errors" else 1
-        cells = [k, *([_fmt(b, nd)] if compare else []), _fmt(c, nd)]
-        if compare:
-            cells += ["-" if ch is None else f"{ch:+,.{nd}f}" + ("" if pct is None else f" ({pct:+.1f}%)"), status]
+    for cells in rows:
         table.add_row(*cells)
     console.print(table)
     console.print("formulas: " + "; ".join(f"{k} = {v}" for k, v in FORMULAS.items()))
@@ -311,11 +297,11 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
         console.print(f"cost: {doc.get('cost_note', 'not priced')}")
     srv = cur.get("server")
     if srv:
-        console.print(f"engine (Prometheus deltas over the run window): preemptions {_fmt(srv['preemptions'], 0)}, "
-                      f"spec-decode acceptance {_fmt(srv['spec_decode_acceptance'], 3)}, prefix-cache hit share "
-                      f"{_fmt(srv['prefix_cache_hit_share'], 3)}")
+        console.print(f"engine (Prometheus deltas over the run window): preemptions {fmt(srv['preemptions'], 0)}, "
+                      f"spec-decode acceptance {fmt(srv['spec_decode_acceptance'], 3)}, prefix-cache hit share "
+                      f"{fmt(srv['prefix_cache_hit_share'], 3)}")
     for s in doc.get("slos", []):
-        console.print(f"SLO {s['slo']}: observed {_fmt(s['observed'])} -> "
+        console.print(f"SLO {s['slo']}: observed {fmt(s['observed'])} -> "
                       f"{'met' if s['met'] else 'MISSED' if s['met'] is False else 'not measured'}")
     verdict = doc["verdict"]
     reasons = [r for r in doc["reasons"] if r]

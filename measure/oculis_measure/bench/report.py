@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from oculis_measure.bench.stats import comparison_rows
+from oculis_measure.bench.stats import table_cells
 
 CLIP_PCT = 100.0  # delta bars beyond this are drawn at it; the label carries the real change
 
@@ -31,28 +31,13 @@ def _throughput(samples: dict[str, list[float]], bin_s: float = 1.0) -> tuple[li
     return edges[:-1].tolist(), (sums / bin_s).tolist()
 
 
-def _num(v: Any, nd: int = 1) -> str:
-    if v is None:
-        return "-"
-    return f"{v:,.{nd}f}" if isinstance(v, float) else str(v)
-
-
 def _table(doc: dict[str, Any]) -> str:
     """The CLI's comparison table as HTML."""
-    compare = doc.get("baseline") is not None
-    head = ["metric", *(["baseline"] if compare else []), "current", *(["change", "status"] if compare else [])]
-    rows = []
-    for k, b, c, ch, pct, status in comparison_rows(doc):
-        if b is None and c is None:
-            continue
-        nd = 3 if k in ("goodput_share", "error_rate", "cost_per_1k_requests") else 0 if k == "errors" else 1
-        cells = [k, *([_num(b, nd)] if compare else []), _num(c, nd)]
-        if compare:
-            cells += ["-" if ch is None else f"{ch:+,.{nd}f}" + ("" if pct is None else f" ({pct:+.1f}%)"), status]
-        style = " style='color:#d62728;font-weight:bold'" if status == "regressed" else ""
-        rows.append(f"<tr{style}>" + "".join(f"<td>{_html.escape(str(x))}</td>" for x in cells) + "</tr>")
+    cols, rows = table_cells(doc)
+    body = [("<tr style='color:#d62728;font-weight:bold'>" if cells[-1] == "regressed" else "<tr>")
+            + "".join(f"<td>{_html.escape(x)}</td>" for x in cells) + "</tr>" for cells in rows]
     return ("<table border='1' cellpadding='4' style='border-collapse:collapse;font-family:monospace'><tr>"
-            + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>")
+            + "".join(f"<th>{h or 'status'}</th>" for h in cols) + "</tr>" + "".join(body) + "</table>")
 
 
 def _facts(doc: dict[str, Any]) -> str:

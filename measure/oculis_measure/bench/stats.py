@@ -392,6 +392,30 @@ def comparison_rows(doc: dict[str, Any]) -> list[tuple[str, Any, Any, Any, Any, 
     return out
 
 
+
+def fmt(v: Any, nd: int = 1) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.{nd}f}" if isinstance(v, float) else str(v)
+
+
+def table_cells(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """(columns, rows) of the comparison table as text, as the CLI and the HTML report print it: metrics
+    with no value in either run left out, shares and cost to 3 decimals, errors whole."""
+    compare = doc.get("baseline") is not None
+    cols = ["metric", *(["baseline"] if compare else []), "current", *(["delta", ""] if compare else [])]
+    rows = []
+    for k, b, c, ch, pct, status in comparison_rows(doc):
+        if c is None and b is None:
+            continue
+        nd = 3 if k in ("goodput_share", "error_rate", "cost_per_1k_requests") else 0 if k == "errors" else 1
+        cells = [k, *([fmt(b, nd)] if compare else []), fmt(c, nd)]
+        if compare:
+            cells += ["-" if ch is None else f"{ch:+,.{nd}f}" + ("" if pct is None else f" ({pct:+.1f}%)"), status]
+        rows.append(cells)
+    return cols, rows
+
+
 # ---- baselines -------------------------------------------------------------------------------------------
 
 def from_vllm(data: dict[str, Any]) -> dict[str, Any]:
