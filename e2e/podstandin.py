@@ -15,6 +15,11 @@ stopped (SIGTERM, as the kubelet does). Once a simulator answers /health it is l
 Both are rewritten atomically (rename), so readers never see half a file. Only 127.0.0.1 is ever
 dialled or listened on; pod and Service IPs are not.
 
+A pod annotated `oculis.dev/e2e-real-vllm: "true"` (spec.podAnnotations) runs real vLLM on CPU instead
+(tests/realengine: the engine virtualenv from OCULIS_VLLM_VENV, the tiny model from OCULIS_TINY_MODEL or
+built once), with the pod's own flags fitted to the tiny model (real_vllm_argv), so a rollout of engine
+settings changes what the real engine reports. Whoever annotates a pod holds the machine's engine lock.
+
 Usually started by `e2e/cluster serve-pods [--namespace NS]`; runnable alone:
   python e2e/podstandin.py --kubeconfig K --state DIR [--namespace NS ...]
 """
@@ -43,6 +48,7 @@ SELECTOR = "app.kubernetes.io/managed-by=oculis,app.kubernetes.io/name in (vllm,
 UPSTREAM_LABEL = "oculis.dev/upstream"
 TRACK_LABEL = "oculis.dev/track"  # "canary" on a canary Deployment's pods (render.TRACK_LABEL)
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+REAL_ANNOTATION = "oculis.dev/e2e-real-vllm"  # "true": this pod runs real vLLM on CPU, not the simulator
 SERVICE_PORT = 8000  # the operator's Service port (engine_args.PORT); the map replaces host and port
 RESTART_BACKOFF_S = 5.0  # a simulator that exits is restarted after this, as a kubelet's CrashLoopBackOff
 STOP_GRACE_S = 10.0
@@ -67,6 +73,7 @@ class PodView:
     node: str | None
     serving: bool  # Running and not being deleted: a process should run for it
     track: str = "stable"  # or "canary": which Service selects it
+    real: bool = False  # annotated REAL_ANNOTATION: real vLLM on CPU
 
     @property
     def key(self) -> str:
@@ -91,7 +98,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     return PodView(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
                    upstream=upstream, args=tuple(containers[0].get("args") or ()), node=spec.get("nodeName"),
                    serving=status.get("phase") == "Running" and not meta.get("deletionTimestamp"),
-                   track="canary" if labels.get(TRACK_LABEL) == "canary" else "stable")
+                   track="canary" if labels.get(TRACK_LABEL) == "canary" else "stable",
+                   real=(meta.get("annotations") or {}).get(REAL_ANNOTATION) == "true")
 
 
 def kv_events_override(pod: PodView, port: int) -> str | None:
@@ -113,6 +121,24 @@ def sim_argv(oculis: str, pod: PodView, port: int, gpu: str | None, kv_port: int
     argv = [oculis, "sim", "serve", *pod.args, "--host", LOOPBACK, "--port", str(port)]
     kv = kv_events_override(pod, kv_port) if kv_port is not None else None
     return argv + (["--gpu", gpu] if gpu else []) + ([f"--kv-events-config={kv}"] if kv else [])
+
+
+# Flags the tiny model on one CPU cannot take as a GPU pod renders them: replaced or dropped.
+_CPU_DROPS = ("--tensor-parallel-size", "--quantization", "--max-model-len", "--max-num-batched-tokens",
+              "--host", "--port", "--kv-events-config")
+
+
+def real_vllm_argv(vllm: str, model: str, pod: PodView, port: int) -> list[str]:
+    """`vllm serve` on the tiny model with the pod's own engine flags, fitted to a CPU: TP 1, no weight
+    quantization, the tiny model's context, no draft weights (ngram speculation stays), eager."""
+    out = [vllm, "serve", model]
+    for arg in pod.args[1:]:
+        flag = arg.split("=", 1)[0]
+        if flag in _CPU_DROPS or (flag == "--speculative-config" and '"ngram"' not in arg):
+            continue
+        out.append(arg)
+    return [*out, "--max-model-len=512", "--dtype=bfloat16", "--enforce-eager", "--host", LOOPBACK,
+            "--port", str(port)]
 
 
 def plan(pods: Iterable[PodView], running: Iterable[str]) -> tuple[list[PodView], list[str]]:
@@ -240,7 +266,7 @@ class StandIn:
                 if p.poll() is not None:
                     self.stopping.remove((t, p))
                 elif now - t > STOP_GRACE_S:
-                    p.kill()
+                    _signal(p, signal.SIGKILL)
 
     def _log(self, pod: PodView) -> Path:
         return self.state / "logs" / f"{pod.namespace}_{pod.name}.log"
@@ -248,20 +274,38 @@ class StandIn:
     def _start(self, pod: PodView) -> None:
         gpu = self.gpu_of(pod.node) if pod.node else None
         port, kv_port = free_port(), free_port()
-        argv = sim_argv(self.oculis, pod, port, gpu, kv_port)
+        argv, env = sim_argv(self.oculis, pod, port, gpu, kv_port), None
         kv = f"tcp://{LOOPBACK}:{kv_port}" if kv_events_override(pod, kv_port) else None
+        if pod.real:
+            try:
+                argv, env = self._real(pod, port)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                log(f"{pod.namespace}/{pod.name}: cannot run real vLLM: {exc}; retry in 60s")
+                self.crashed[pod.key] = time.monotonic() + 60
+                return
+            if override := kv_events_override(pod, kv_port):
+                argv.append(f"--kv-events-config={override}")
         with open(self._log(pod), "ab") as out:
+            # A real engine is three processes: its own session, so stopping it stops them all.
             popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=_die_with_parent, env=env, start_new_session=pod.real)
         self.procs[pod.key] = Proc(pod, port, popen, kv_events=kv)
         self.crashed.pop(pod.key, None)
         log(f"{pod.namespace}/{pod.name}: started pid {popen.pid} on {LOOPBACK}:{port} (gpu {gpu or '-'})")
+
+    def _real(self, pod: PodView, port: int) -> tuple[list[str], dict[str, str]]:
+        realvllm = _realvllm()
+        venv = realvllm.venv_dir()
+        if problem := realvllm.venv_problem(venv):
+            raise RuntimeError(problem)
+        model = realvllm.tiny_model(venv)
+        return real_vllm_argv(str(venv / "bin" / "vllm"), str(model), pod, port), realvllm.engine_env()
 
     def _stop(self, key: str) -> None:
         proc = self.procs.pop(key)
         self.crashed.pop(key, None)
         if proc.popen.poll() is None:
-            proc.popen.send_signal(signal.SIGTERM)
+            _signal(proc.popen, signal.SIGTERM)
             self.stopping.append((time.monotonic(), proc.popen))
         log(f"{proc.pod.namespace}/{proc.pod.name}: pod gone or not Running; stopped pid {proc.popen.pid}")
 
@@ -284,7 +328,24 @@ class StandIn:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(max(0.1, deadline - time.monotonic()))
                 if p.poll() is None:
-                    p.kill()
+                    _signal(p, signal.SIGKILL)
+
+
+def _signal(p: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal a process, or its whole group when it leads one (a real engine's API server and workers)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(p.pid) == p.pid:
+            os.killpg(p.pid, sig)
+        else:
+            p.send_signal(sig)
+
+
+def _realvllm() -> Any:
+    """tests/realengine/realvllm.py: where the engine virtualenv and the tiny model are, the engine's env."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "realengine"))
+    import realvllm
+
+    return realvllm
 
 
 # ---------------------------------------------------------------- the watch (thin shell)

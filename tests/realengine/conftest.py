@@ -84,8 +84,10 @@ class Engines:
         if self.name == name and self.current and self.current.proc and self.current.proc.poll() is None:
             return self.current
         self.close()
+        flags = CONFIGS[name]
+        kv_gib = None if "--kv-cache-memory-bytes" in flags else 1  # the flag, not the variable, sizes it then
         self.current = self._stack.enter_context(
-            realvllm.running(self.venv, self.model, self.logs / f"vllm-{name}.log", *CONFIGS[name]))
+            realvllm.running(self.venv, self.model, self.logs / f"vllm-{name}.log", *flags, kv_cache_gib=kv_gib))
         self.name = name
         self.starts[name] = self.current.started_s
         return self.current
@@ -101,11 +103,24 @@ class Engines:
         self.name, self.current = None, None
 
 
+LIVE: list[Engines] = []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    # The last test of the tier stops its engine (and frees the machine's engine lock) at once, not at the
+    # end of the session: later tests (e2e/tests/test_real_engine_on_pods.py) take the lock themselves.
+    if LIVE and (nextitem is None or HERE not in Path(str(nextitem.fspath)).parents):
+        LIVE[0].close()
+
+
 @pytest.fixture(scope="session")
 def engines(vllm_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     e = Engines(vllm_venv, tiny_model, tmp_path_factory.mktemp("vllm-logs"))
+    LIVE.append(e)
     yield e
     e.close()
+    LIVE.remove(e)
     for name, seconds in e.starts.items():
         STATS[name] = (f"engine {name!r} (vLLM {realvllm.VLLM_VERSION}, --enforce-eager) answered /health "
                        f"{seconds:.0f}s after start; peak RSS {e.peak_rss.get(name, 0) / 2**30:.2f} GiB")

@@ -73,11 +73,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def engine_env(kv_cache_gib: int = 1) -> dict[str, str]:
-    # VLLM_CPU_KVCACHE_SPACE must be a whole number: set but empty crashes the worker.
-    return {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
+def engine_env(kv_cache_gib: int | None = 1) -> dict[str, str]:
+    """The engine's environment. The KV cache is sized by VLLM_CPU_KVCACHE_SPACE (whole GiB; set but empty
+    crashes the worker), or with kv_cache_gib None by the engine's --kv-cache-memory-bytes flag, which the
+    variable would override."""
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    return env if kv_cache_gib is None else {**env, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
 
 
 def serve_argv(venv: Path, model: Path, port: int, *extra: str, eager: bool = True) -> list[str]:
@@ -130,7 +133,7 @@ class Engine:
     """One `vllm serve` process group with its log; `start` returns once /health answers 200 or fails
     with the log's last lines."""
 
-    def __init__(self, venv: Path, model: Path, log: Path, *extra: str, kv_cache_gib: int = 1,
+    def __init__(self, venv: Path, model: Path, log: Path, *extra: str, kv_cache_gib: int | None = 1,
                  eager: bool = True, port: int | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -195,12 +198,17 @@ class Engine:
         return httpx.get(self.url + "/metrics", timeout=10).text
 
 
+def engine_lock(timeout_s: float | None = None) -> contextlib.AbstractContextManager[None]:
+    """The machine-wide engine lock (OCULIS_VLLM_LOCK), waited for at most OCULIS_VLLM_LOCK_TIMEOUT_S."""
+    wait = timeout_s if timeout_s is not None else float(os.environ.get("OCULIS_VLLM_LOCK_TIMEOUT_S", 1800))
+    return _flocked(lock_path(), wait)
+
+
 @contextlib.contextmanager
-def running(venv: Path, model: Path, log: Path, *extra: str, kv_cache_gib: int = 1, eager: bool = True,
+def running(venv: Path, model: Path, log: Path, *extra: str, kv_cache_gib: int | None = 1, eager: bool = True,
             start_timeout_s: float = 420, lock_timeout_s: float | None = None) -> Iterator[Engine]:
     """An engine for the duration of the block, holding the machine-wide engine lock meanwhile."""
-    wait = lock_timeout_s if lock_timeout_s is not None else float(os.environ.get("OCULIS_VLLM_LOCK_TIMEOUT_S", 1800))
-    with _flocked(lock_path(), wait):
+    with engine_lock(lock_timeout_s):
         engine = Engine(venv, model, log, *extra, kv_cache_gib=kv_cache_gib, eager=eager)
         try:
             yield engine.start(start_timeout_s)

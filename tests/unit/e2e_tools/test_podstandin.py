@@ -128,3 +128,21 @@ def test_a_pod_publishing_kv_events_publishes_on_its_own_loopback_port_listed_in
     doc = ps.endpoint_map([ps.Serving(publishing, 41000, 1, "tcp://127.0.0.1:41001")])
     assert doc["llm-vllm.demo.svc"]["pods"] == [{"pod": "a", "port": 41000, "pid": 1,
                                                  "kv_events": "tcp://127.0.0.1:41001"}]
+
+
+def test_an_annotated_pod_runs_real_vllm_with_its_flags_fitted_to_the_tiny_model() -> None:
+    obj = pod("r")
+    obj["metadata"]["annotations"] = {"oculis.dev/e2e-real-vllm": "true"}
+    obj["spec"]["containers"][0]["args"] = [*ARGS, "--tensor-parallel-size=2", "--max-model-len=8192",
+                                            "--quantization=fp8", "--no-enable-prefix-caching",
+                                            '--speculative-config={"model":"m","num_speculative_tokens":2}']
+    real, plain = view(obj), view(pod("s"))
+    assert real.real and not plain.real
+    argv = ps.real_vllm_argv("/v/bin/vllm", "/tiny", real, 41001)
+    assert argv[:3] == ["/v/bin/vllm", "serve", "/tiny"]
+    assert "--no-enable-prefix-caching" in argv and "--max-num-seqs=32" in argv  # the pod's engine settings
+    assert argv[3:6] == ["--served-model-name", "llm", "meta-llama/Llama-3.1-8B-Instruct"]  # its names
+    assert not [a for a in argv if a.startswith(("--tensor-parallel-size", "--quantization", "--speculative",
+                                                 "--host=", "--port="))]
+    assert argv[-7:] == ["--max-model-len=512", "--dtype=bfloat16", "--enforce-eager", "--host", "127.0.0.1",
+                         "--port", "41001"]
