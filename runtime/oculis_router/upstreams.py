@@ -409,6 +409,23 @@ class Caller:
             raise UpstreamFailed(f"{up.name}: {exc}{tries}", exc.verdict) from exc
         raise AssertionError("unreachable")
 
+    async def _tried(self, up: Upstream, revs: Revisions,
+                     attempt: Callable[[Revision, Request, Lease | None], Awaitable[T]]) -> tuple[T, Lease | None]:
+        """One attempt, on the revision and replica `revs` gives it: a failure sets the replica aside (or
+        frees it) and a canary's failure becomes a retry on stable (_canary). The replica's lease is
+        returned with the result, still held."""
+        rev, request, lease = revs.next()
+        try:
+            result = await attempt(rev, request, lease)
+        except BaseException as exc:
+            if lease is not None:
+                lease.failed() if replica_fault(exc) else lease.release()
+            if (retry := self._canary(up, rev, exc)) is not None:
+                raise retry from exc
+            raise
+        self._canary(up, rev, None)
+        return result, lease
+
     def _canary(self, up: Upstream, rev: Revision, exc: BaseException | None) -> Retryable | None:
         """After an attempt on `rev`: a canary's failure (whatever it was: a 5xx, a refused connection,
         a long Retry-After that would move a stable revision to the next tier) is counted, said once, and
@@ -476,23 +493,14 @@ class Caller:
         lim = limits(up, at.timeouts)
 
         async def once() -> dict[str, Any]:
-            rev, request, lease = revs.next()
-            try:
-                data = await attempt(rev, request)
-            except BaseException as exc:
-                if lease is not None:
-                    lease.failed() if replica_fault(exc) else lease.release()
-                if (retry := self._canary(up, rev, exc)) is not None:
-                    raise retry from exc
-                raise
-            self._canary(up, rev, None)
+            data, lease = await self._tried(up, revs, attempt)
             if lease is not None:
                 lease.release()
                 if headers_out is not None:
                     headers_out[REPLICA_HEADER] = lease.replica.id
             return data
 
-        async def attempt(rev: Revision, request: Request) -> dict[str, Any]:
+        async def attempt(rev: Revision, request: Request, lease: Lease | None) -> dict[str, Any]:
             url, headers, payload = request
             try:
                 first_byte = asyncio.timeout(lim.first_byte)
@@ -553,17 +561,7 @@ class Caller:
         lim = limits(up, at.timeouts)
 
         async def once() -> tuple[Stream, Any]:
-            rev, request, lease = revs.next()
-            try:
-                opened = await attempt(rev, request, lease)
-            except BaseException as exc:
-                if lease is not None:
-                    lease.failed() if replica_fault(exc) else lease.release()
-                if (retry := self._canary(up, rev, exc)) is not None:
-                    raise retry from exc
-                raise
-            self._canary(up, rev, None)
-            return opened
+            return (await self._tried(up, revs, attempt))[0]
 
         async def attempt(rev: Revision, request: Request, lease: Lease | None) -> tuple[Stream, Any]:
             url, headers, payload = request
