@@ -201,9 +201,34 @@ def _observed_cascade(route: Route, upstreams: dict[str, Upstream], c: Counters,
         "each request at the tier the route sent it to (oculis_routed_requests_total), with that tier's tokens "
         "per answer (the router's counters, shared out by calls); the cascade is projected from there, not "
         "applied again to answers that had already escalated"), why)
+    _measured_gradings(rep, tiers, requests, sum(x.token_dollars for x in mine if x.tier == VERIFIER_TIER))
     spent = sum(x.token_dollars for x in mine)
     total = sum(routed.values())
     rep["observed"] = {"dollars": round(spent, 10), "per_request": round(spent / total, 10),
                        "what": "what the route cost in the window: every answer its tiers produced, replaced ones "
                                "included, and the verifier's gradings (the cascade as it ran)"}
     return rep
+
+
+def _measured_gradings(rep: dict[str, Any], tiers: list[cascade.Tier], requests: list[cascade.Request],
+                       measured: float) -> None:
+    """The window counted what the route's gradings cost: that replaces the per-request estimate in the
+    cascade (shared over the routed tiers as the estimate was), so the projection matches what ran."""
+    est = [(r.tier, cascade.graded_cost(tiers, r)) for r in requests]
+    total_est = sum(v for _, v in est)
+    if measured <= 0 or total_est <= 0:
+        return
+    k = measured / total_est
+    for i, v in est:
+        rep["tiers"][i]["cascade_cost"] = round(rep["tiers"][i]["cascade_cost"] + (k - 1) * v, 10)
+    tot, base = rep["total"], rep["all_strongest"]
+    tot["cascade_cost"] = round(tot["cascade_cost"] + measured - total_est, 10)
+    if tot["routed_only_cost"] > 0:
+        tot["cascade_overhead_pct"] = round(100 * (tot["cascade_cost"] / tot["routed_only_cost"] - 1), 2)
+    if base["cost"] > 0:
+        base["cascade_saving_pct"] = round(100 * (1 - tot["cascade_cost"] / base["cost"]), 2)
+    graders = rep["verifier"].get("graders", {})
+    who = "; ".join(f"{up} grades {', '.join(names)}" for up, names in graders.items())
+    rep["verifier"] |= {"dollars": round(measured, 10), "source": "measured in the window",
+                        "why": f"${measured:.6g} in the cascade cost: {who}, measured in the window (the verifier "
+                               "upstream's oculis_cost_dollars_total, shared out by this route's gradings)"}

@@ -84,6 +84,9 @@ def test_attribution_routed_vs_final_route_analyze_shows_the_routed_tier_and_wha
     assert big["final_share"] == 1.0
     assert casc["observed"]["per_request"] == pytest.approx(spent / 3)
     assert casc["total"]["cascade_cost"] > casc["total"]["routed_only_cost"]  # the escalation costs, not +0 %
+    # the gradings the window measured replace the estimate: the projection is close to what ran
+    assert casc["verifier"]["dollars"] == pytest.approx(3 * 0.000045) and "measured" in casc["verifier"]["source"]
+    assert casc["total"]["cascade_cost"] == pytest.approx(casc["observed"]["dollars"], rel=0.1)
 
 
 def test_attribution_routed_vs_final_an_observed_cascade_is_not_applied_twice() -> None:
