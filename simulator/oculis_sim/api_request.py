@@ -61,21 +61,33 @@ def json_error(exc: json.JSONDecodeError) -> ApiError:
 
 
 @dataclass(frozen=True)
+class Prompt:
+    """One prompt of a request (completions may send several: vLLM runs each, n times)."""
+
+    tokens: list[str]  # its tokens (for prefix-cache block hashes)
+    n: int
+    text: str
+    max_tokens: int | None  # the cap vLLM computes for it (None: a chat answer stops by itself, up to the limit)
+
+
+@dataclass(frozen=True)
 class GenRequest:
     chat: bool
-    tokens: list[str]  # the prompt's tokens (for prefix-cache block hashes)
-    n_prompt: int
-    max_tokens: int | None  # the cap vLLM computes (None: a chat answer stops by itself, up to the limit)
+    prompts: tuple[Prompt, ...]
     requested_max_tokens: int | None
     n: int
     stream: bool
     include_usage: bool
     logprobs: int | None  # top alternatives asked for (chat top_logprobs / completions logprobs); None = off
     echo: bool
-    prompt_text: str
     stops: tuple[str, ...]
     seed: int | None
     request_id: str | None
+
+    @property
+    def n_prompt(self) -> int:
+        """Prompt tokens of the whole request (usage counts every prompt once)."""
+        return sum(p.n for p in self.prompts)
 
 
 def _int(body: dict[str, Any], key: str) -> int | None:
@@ -116,22 +128,28 @@ def _chat_prompt(body: dict[str, Any]) -> tuple[list[str], int, str]:
     return toks, len(toks) + TEMPLATE_TOKENS_PER_MESSAGE * len(msgs), " ".join(parts)
 
 
-def _completion_prompt(body: dict[str, Any]) -> tuple[list[str], int, str, bool]:
-    """(tokens, count, text, given as token ids)"""
+def _completion_prompts(body: dict[str, Any]) -> list[tuple[list[str], int, str, bool]]:
+    """Each prompt as (tokens, count, text, given as token ids): a string, token ids, or a list of either."""
     prompt = body.get("prompt")
     if prompt is None:
         raise schema_error("missing", ("prompt",), "Field required", body)
-    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
-        return [str(x) for x in prompt], len(prompt), "", True
-    if isinstance(prompt, str):
-        toks = prompt_tokens([prompt])
-        return toks, max(1, len(toks)), prompt, False
-    if isinstance(prompt, list) and len(prompt) > 1:
-        raise ApiError(400, "The simulator serves one prompt per request; send the prompts separately",
-                       "BadRequestError", "prompt")
-    raise schema_error("string_type", ("prompt",), "Input should be a valid string", prompt)
+
+    def ids(x: Any) -> bool:
+        return isinstance(x, list) and bool(x) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+
+    items = [prompt] if isinstance(prompt, str) or ids(prompt) else prompt
+    if not isinstance(items, list) or not items:
+        raise schema_error("string_type", ("prompt",), "Input should be a valid string", prompt)
+    out: list[tuple[list[str], int, str, bool]] = []
+    for item in items:
+        if ids(item):
+            out.append(([str(x) for x in item], len(item), "", True))
+        elif isinstance(item, str):
+            toks = prompt_tokens([item])
+            out.append((toks, max(1, len(toks)), item, False))
+        else:
+            raise schema_error("string_type", ("prompt",), "Input should be a valid string", prompt)
+    return out
 
 
 def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int,
@@ -141,11 +159,7 @@ def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int,
         raise schema_error("model_attributes_type", (), "Input should be a valid dictionary or object to extract "
                            "fields from", body)
     # the request model: field types, then its validators
-    if chat:
-        toks, n_prompt, text = _chat_prompt(body)
-        as_ids = False
-    else:
-        toks, n_prompt, text, as_ids = _completion_prompt(body)
+    prompts = [(*_chat_prompt(body), False)] if chat else _completion_prompts(body)
     max_completion = _int(body, "max_completion_tokens") if chat else None
     max_tokens = _int(body, "max_tokens")
     n = _int(body, "n")
@@ -180,12 +194,13 @@ def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int,
     if requested is not None and requested > max_model_len:
         raise invalid(f"{out_param}={requested} cannot be greater than max_model_len={max_model_len}. "
                       "Please request fewer output tokens.", out_param, requested)
-    if n_prompt > max_model_len:
-        # the tokenizer stops at max_model_len + 1 tokens, so vLLM says "at least" for text prompts
-        count, qualifier = (n_prompt, "") if as_ids else (max_model_len + 1, "at least ")
-        raise invalid(f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
-                      f"contains {qualifier}{count} input tokens, which exceeds this limit even without any output "
-                      "tokens. Please reduce the length of the input prompt.", "input_tokens", count)
+    for _, n_prompt, _, as_ids in prompts:
+        if n_prompt > max_model_len:
+            # the tokenizer stops at max_model_len + 1 tokens, so vLLM says "at least" for text prompts
+            count, qualifier = (n_prompt, "") if as_ids else (max_model_len + 1, "at least ")
+            raise invalid(f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+                          f"contains {qualifier}{count} input tokens, which exceeds this limit even without any "
+                          "output tokens. Please reduce the length of the input prompt.", "input_tokens", count)
     # the sampling parameters (SamplingParams._verify_args)
     n = 1 if n is None else n
     if n < 1:
@@ -202,8 +217,6 @@ def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int,
             raise invalid(f"temperature must be in [0, 2], got {temperature}.", "temperature", temperature)
     if top_p is not None and not 0 < top_p <= 1:
         raise invalid(f"top_p must be in (0, 1], got {top_p}.", "top_p", top_p)
-    cap = max_model_len - n_prompt
-    effective = cap if requested is None else min(requested, cap)
     if requested is not None and requested < 1:
         raise invalid(f"max_tokens must be at least 1, got {requested}.", "max_tokens", requested)
     if logprobs is not None and logprobs != -1 and logprobs < 0:
@@ -215,8 +228,9 @@ def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int,
     if any(not s for s in stops):
         raise invalid("stop cannot contain an empty string.")
     return GenRequest(
-        chat=chat, tokens=toks, n_prompt=n_prompt, max_tokens=effective if requested is not None else None,
+        chat=chat, prompts=tuple(Prompt(toks, count, text, None if requested is None else
+                                        min(requested, max_model_len - count)) for toks, count, text, _ in prompts),
         requested_max_tokens=requested, n=n, stream=stream,
         include_usage=bool(opts.get("include_usage")) if isinstance(opts, dict) else False,
         logprobs=None if logprobs is None else (20 if logprobs == -1 else logprobs),
-        echo=bool(body.get("echo")) and not chat, prompt_text=text, stops=stops, seed=seed, request_id=request_id)
+        echo=bool(body.get("echo")) and not chat, stops=stops, seed=seed, request_id=request_id)

@@ -18,20 +18,18 @@ import heapq
 import itertools
 import json
 import sys
-import time
 import traceback
-import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import numpy as np
 from aiohttp import web
 
-from oculis_sim import logprobs as lp
 from oculis_sim import openai_shapes as shapes
-from oculis_sim.api_request import ApiError, GenRequest, json_error, parse
+from oculis_sim.api_request import ApiError, Prompt, json_error, parse
+from oculis_sim.calls import Call, Choice
 from oculis_sim.config import Settings
 from oculis_sim.engine import EngineCore
+from oculis_sim.engine_log import log_stats, startup_lines
 from oculis_sim.kvevents import Publisher
 from oculis_sim.metrics import Finished, Metrics
 from oculis_sim.scheduler import Request
@@ -45,69 +43,6 @@ DISCONNECT_POLL_S = 0.2  # how often a non-streamed request checks that its clie
 
 def error_response(err: ApiError) -> web.Response:
     return web.json_response(err.body(), status=err.status)
-
-
-class Call:
-    """One HTTP request: its client side and its n choices."""
-
-    __slots__ = ("arrival", "chat", "choices", "created", "gen", "id", "model", "resp", "roles_sent", "seed",
-                 "transport")
-
-    def __init__(self, gen: GenRequest, model: str, resp: web.StreamResponse | None, arrival: float,
-                 seed: tuple[int, ...]) -> None:
-        self.gen = gen
-        self.chat = gen.chat
-        self.id = ("chatcmpl-" if gen.chat else "cmpl-") + (gen.request_id or uuid.uuid4().hex[:16])
-        self.created = int(time.time())
-        self.model = model
-        self.resp = resp
-        self.arrival = arrival
-        self.seed = seed
-        self.transport: asyncio.Transport | None = None
-        self.choices: list[Choice] = []
-        self.roles_sent = False
-
-    def roles(self) -> bytes:
-        """Chat streams open with a role chunk for every choice, at the first token of any (as vLLM)."""
-        self.roles_sent = True
-        return b"".join(shapes.event(shapes.chunk(True, self.id, self.created, self.model, ch.index, None, role=True))
-                        for ch in self.choices)
-
-
-class Choice:
-    """One sequence of a call: what it has been sent and when it ran."""
-
-    __slots__ = ("cached", "call", "done", "finish_reason", "head", "index", "max_output", "pos", "req", "scheduled",
-                 "tail", "word0")
-
-    def __init__(self, call: Call, index: int, max_output: int, finish_reason: str, word0: int) -> None:
-        self.call = call
-        self.index = index
-        self.max_output = max_output
-        self.finish_reason = finish_reason
-        self.word0 = word0
-        self.pos = 0
-        self.cached = 0
-        self.scheduled: float | None = None
-        self.req: Request | None = None
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.head, self.tail = shapes.fast_parts(call.chat, call.id, call.created, call.model, index)
-
-    def tokens(self, n: int) -> list[str]:
-        return answer_tokens(n, self.word0 + self.pos, first=self.pos == 0)
-
-    def logprobs(self, tokens: list[str], mean: float) -> Any:
-        """This stretch of the answer's logprobs in the call's shape (None when not asked for)."""
-        call = self.call
-        top = call.gen.logprobs
-        if top is None:
-            return None
-        items = lp.draw(tokens, mean, (*call.seed, self.index), max(top, 0) + 1, self.pos)
-        if call.chat:
-            return {"content": lp.chat_content(items, top)}
-        start = len(call.gen.prompt_text) if call.gen.echo else 0
-        offset = start + sum(len(t) for t in answer_tokens(self.pos, self.word0))
-        return lp.completion_logprobs(items, top, offset)
 
 
 class SimServer:
@@ -224,7 +159,7 @@ class SimServer:
                     toks = ch.tokens(n)
                     text = "".join(toks)
                     if first and call.gen.echo:
-                        text = call.gen.prompt_text + text
+                        text = ch.prompt.text + text
                     data = shapes.event(shapes.chunk(call.chat, call.id, call.created, call.model, ch.index, text, fin,
                                                      ch.logprobs(toks, mean), last=not call.gen.include_usage))
                 if call.chat and not call.roles_sent:  # the role chunks go with the first token, not before it
@@ -255,8 +190,8 @@ class SimServer:
         scheduled = ch.scheduled if ch.scheduled is not None else first
         self.metrics.finished(Finished(
             reason=ch.finish_reason, arrival=call.arrival, scheduled=scheduled, first_token=first, last_token=end,
-            prompt_tokens=call.gen.n_prompt, cached_tokens=ch.cached, generation_tokens=ch.pos,
-            max_tokens=ch.max_output if call.gen.max_tokens is None else call.gen.max_tokens, n=call.gen.n,
+            prompt_tokens=ch.prompt.n, cached_tokens=ch.cached, generation_tokens=ch.pos,
+            max_tokens=ch.max_output if ch.prompt.max_tokens is None else ch.prompt.max_tokens, n=call.gen.n,
             preemptions=req.preemptions))
 
     def _abort(self, call: Call) -> None:
@@ -272,11 +207,11 @@ class SimServer:
             ch.done.set_result(None)
 
     # ---- HTTP ----------------------------------------------------------------------------------------
-    def _length(self, gen: GenRequest, rng: np.random.Generator) -> tuple[int, str]:
+    def _length(self, prompt: Prompt, rng: np.random.Generator) -> tuple[int, str]:
         """Tokens to generate and why it stops: max_tokens, or (none given) a natural length."""
-        cap = self.settings.max_model_len - gen.n_prompt
-        if gen.max_tokens is not None:
-            return gen.max_tokens, "length"
+        cap = self.settings.max_model_len - prompt.n
+        if prompt.max_tokens is not None:
+            return prompt.max_tokens, "length"
         natural = int(rng.lognormal(5.2, 0.6)) + 1  # the simulated EOS
         return (natural, "stop") if natural < cap else (cap, "length")
 
@@ -288,6 +223,23 @@ class SimServer:
         if cut < 0:
             return None
         return max(0, len(text[:cut].split(" ")) - (1 if text[:cut].endswith(" ") or cut == 0 else 0))
+
+    def _choice(self, call: Call, index: int, prompt: Prompt, hashes: tuple[object | None, ...],
+                rng: np.random.Generator, arrival: float) -> None:
+        """One sequence of the call, handed to the engine after the API server's delay."""
+        gen = call.gen
+        out, reason = self._length(prompt, rng)
+        word0 = int(rng.integers(len(WORDS)))
+        if gen.stops and (cut := self._stop_cut(gen.stops, out, word0)) is not None:
+            out, reason = cut, "stop"
+        ch = Choice(call, index, prompt, out, reason, word0)
+        call.choices.append(ch)
+        if out > 0:
+            req = Request(next(self.seq), prompt.n, out, arrival, hashes, ch)
+            ch.req = req
+            heapq.heappush(self.pending, (arrival + self.core.cost.api_s, req.rid, req))
+        else:
+            ch.done.set_result(None)
 
     async def completions(self, request: web.Request, chat: bool) -> web.StreamResponse:
         arrival = asyncio.get_running_loop().time()
@@ -316,24 +268,14 @@ class SimServer:
                 send_headers()
         call = Call(gen, names[0], resp, arrival, seed)  # vLLM answers with the first served name
         call.transport = request.transport
-        hashes = block_hashes(gen.tokens, self.settings.block_size)
-        if self.kv is not None:
-            self.kv.note(hashes, gen.tokens)
         self.in_flight += 1
         try:
-            for i in range(gen.n):
-                out, reason = self._length(gen, rng)
-                word0 = int(rng.integers(len(WORDS)))
-                if gen.stops and (cut := self._stop_cut(gen.stops, out, word0)) is not None:
-                    out, reason = cut, "stop"
-                ch = Choice(call, i, out, reason, word0)
-                call.choices.append(ch)
-                if out > 0:
-                    req = Request(next(self.seq), gen.n_prompt, out, arrival, hashes, ch)
-                    ch.req = req
-                    heapq.heappush(self.pending, (arrival + self.core.cost.api_s, req.rid, req))
-                else:
-                    ch.done.set_result(None)
+            for p, prompt in enumerate(gen.prompts):  # vLLM runs each prompt n times; choice p * n + i
+                hashes = block_hashes(prompt.tokens, self.settings.block_size)
+                if self.kv is not None:
+                    self.kv.note(hashes, prompt.tokens)
+                for i in range(gen.n):
+                    self._choice(call, p * gen.n + i, prompt, hashes, rng, arrival)
             self.wake.set()
             await self._wait(call, request)
             for ch in call.choices:
@@ -368,7 +310,7 @@ class SimServer:
             if chat:
                 choices.append(shapes.chat_choice(ch.index, text, ch.finish_reason, logprobs))
             else:
-                prefix = gen.prompt_text if gen.echo else ""
+                prefix = ch.prompt.text if gen.echo else ""
                 choices.append(shapes.completion_choice(ch.index, prefix + text, ch.finish_reason, logprobs))
         return web.json_response(shapes.body(chat, call.id, call.created, call.model, choices,
                                              shapes.usage(gen.n_prompt, generated, cached, created, chat=chat)))
@@ -454,37 +396,6 @@ def build_app(settings: Settings, kv: Publisher | None = None) -> web.Applicatio
     endpoints.add_routes(app, sim)
     app["sim"] = sim
     return app
-
-
-def startup_lines(s: Settings) -> list[str]:
-    """What vLLM logs at start (the lines tools grep for), marked as simulated."""
-    return [
-        f"oculis sim serve: SIMULATED vLLM engine (oculis-simulator, no GPU): {s.model_name} on {s.gpu.key} x{s.tp}; "
-        f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
-        f"max_model_len {s.max_model_len}",
-        f"INFO (simulated) GPU KV cache size: {s.kv_cache_tokens:,} tokens",
-        f"INFO (simulated) Maximum concurrency for {s.max_model_len:,} tokens per request: "
-        f"{s.kv_cache_tokens / s.max_model_len:.2f}x",
-    ]
-
-
-async def log_stats(sim: SimServer, interval: float = 10.0) -> None:
-    """vLLM's periodic engine line (vllm#37307 wording), while there is traffic."""
-    c = sim.core.counters
-    last = (c.prompt_tokens, c.generation_tokens, c.prefix_queries, c.prefix_hits)
-    while True:
-        await asyncio.sleep(interval)
-        now = (c.prompt_tokens, c.generation_tokens, c.prefix_queries, c.prefix_hits)
-        sched = sim.core.scheduler
-        if now == last and not sched.has_work():
-            continue
-        queries = now[2] - last[2]
-        hit = (now[3] - last[3]) / queries if queries else 0.0
-        print(f"INFO (simulated) Engine 000: Avg prompt throughput: {(now[0] - last[0]) / interval:.1f} tokens/s, "
-              f"Avg generation throughput: {(now[1] - last[1]) / interval:.1f} tokens/s, Running: "
-              f"{len(sched.running)} reqs, Waiting: {len(sched.waiting)} reqs, GPU KV cache usage: "
-              f"{sched.usage():.1%}, Prefix cache hit rate: {hit:.1%}", file=sys.stderr, flush=True)
-        last = now
 
 
 def serve(settings: Settings, host: str, port: int, kv: Publisher | None = None) -> None:

@@ -141,6 +141,11 @@ def test_api_shapes_as_vllm(sim: str) -> None:
     assert two["usage"]["completion_tokens"] == 6
     assert httpx.post(f"{sim}/v1/completions", json={"prompt": "hello", "max_tokens": 2, "echo": True}
                       ).json()["choices"][0]["text"].startswith("hello")
+    batch = httpx.post(f"{sim}/v1/completions", json={"prompt": ["one two", "three"], "max_tokens": 2, "n": 2,
+                                                      "echo": True}).json()  # vLLM batches prompts
+    assert [(c["index"], c["text"][:5]) for c in batch["choices"]] == [
+        (0, "one t"), (1, "one t"), (2, "three"), (3, "three")]
+    assert batch["usage"] == {**batch["usage"], "prompt_tokens": 3, "completion_tokens": 8}
     resp = httpx.get(f"{sim}/no/such/path")
     assert resp.status_code == 404 and resp.json() == {"detail": "Not Found"}
     assert httpx.get(f"{sim}/version").json() == {"version": "0.32.0"}

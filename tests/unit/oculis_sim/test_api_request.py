@@ -44,9 +44,11 @@ def test_api_shapes_errors_name_the_parameter_in_vllms_words() -> None:
 
 def test_api_shapes_the_context_cuts_max_tokens_and_names_answer_with_the_first_alias() -> None:
     gen = parse({"prompt": "a b c", "max_tokens": 63, "model": "alias"}, False, SERVED, 64)
-    assert gen.max_tokens == 61 and gen.n_prompt == 3
-    assert parse({"prompt": "a"}, False, SERVED, 64).max_tokens == 16  # vLLM's completions default
-    assert parse(CHAT, True, SERVED, 64).max_tokens is None  # chat: the answer stops by itself
+    assert gen.prompts[0].max_tokens == 61 and gen.n_prompt == 3
+    assert parse({"prompt": "a"}, False, SERVED, 64).prompts[0].max_tokens == 16  # vLLM's completions default
+    assert parse(CHAT, True, SERVED, 64).prompts[0].max_tokens is None  # chat: the answer stops by itself
+    batch = parse({"prompt": ["a b", [1, 2, 3, 4]], "max_tokens": 61}, False, SERVED, 64)  # vLLM batches prompts
+    assert [(p.n, p.max_tokens) for p in batch.prompts] == [(2, 61), (4, 60)] and batch.n_prompt == 6
 
 
 @given(mean=st.floats(-6, -0.05), n=st.integers(1, 60), top=st.integers(0, 5), seed=st.integers(0, 2**31))
