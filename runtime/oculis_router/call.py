@@ -6,6 +6,7 @@ doubts (low logprobs, a verifier's low grade) is replaced by a later tier's, or 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -146,6 +147,10 @@ class Calls:
                 seen: dict[str, str] = {}  # the upstream's request id and rate-limit headers, for the client
                 sent = answers.with_logprobs(body, endpoint) if check else body
                 data = await self.caller.complete(up, endpoint, sent, self.attempt(plan, i), headers_out=seen)
+            except asyncio.CancelledError:  # the client left (app.unless_client_leaves): the prompt was read
+                account(self.metrics, up, None, hold, lambda: estimated_usage(body, plan.prompt_tokens, ""),
+                        "client_closed")
+                raise
             except UpstreamRejected as rej:
                 return self.rejected(rej, plan, i, key, route_label)
             except UpstreamFailed as exc:

@@ -69,7 +69,8 @@ class Metrics:
         self.cost = Counter("oculis_cost_dollars", "Estimated cost from upstream pricing", ["upstream"], registry=r)
         # Answers the upstream reported no usage for are metered by an estimate from their text (the
         # token and cost counters include it), never as 0 tokens and $0: not_reported (the upstream
-        # sends none), stream_cut (the stream ended before its usage chunk: client gone, broken).
+        # sends none), stream_cut (the stream ended before its usage chunk: client gone, broken),
+        # client_closed (a whole answer the client left before it came: its prompt, read by the engine).
         self.usage_estimated = Counter("oculis_usage_estimated", "Upstream calls metered by an estimate from "
                                        "their text because no usage came with them", ["upstream", "reason"],
                                        registry=r)

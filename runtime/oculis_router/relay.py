@@ -49,15 +49,16 @@ def estimate_of(body: dict[str, Any], prompt_tokens: int | None, answer: dict[st
 
 
 def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None, hold: Hold | None = None,
-            estimate: Callable[[], Usage] | None = None, cut: bool = False) -> None:
+            estimate: Callable[[], Usage] | None = None, why: str = "not_reported") -> None:
     """Meter one call: its tokens and cost in the metrics and, the same figures, in the rate-limit hold.
     A call without usage is metered by `estimate` (its text) and counted in oculis_usage_estimated_total,
-    never as 0 tokens and $0; `cut`: a stream that ended before its usage chunk."""
+    never as 0 tokens and $0; `why` it has none: not_reported (the upstream sends none), stream_cut (a
+    stream that ended before its usage chunk), client_closed (a whole answer the client left: its prompt)."""
     u = Usage.parse(usage)
     if u is None and estimate is not None:
         u = estimate()
-        metrics.usage_estimated.labels(up.name, "stream_cut" if cut else "not_reported").inc()
-        if not cut and up.name not in _SAID_NO_USAGE:
+        metrics.usage_estimated.labels(up.name, why).inc()
+        if why == "not_reported" and up.name not in _SAID_NO_USAGE:
             _SAID_NO_USAGE.add(up.name)
             log.warning("upstream %s answered without usage; its tokens and cost are estimated from the text "
                         "(oculis_usage_estimated_total)", up.name)
@@ -131,7 +132,7 @@ async def relay(metrics: Metrics, resp: Stream, translator: Any, up: Upstream, t
         metrics.requests.labels(route_label, tier, up.name, outcome).inc()
         account(metrics, up, collector.usage, hold,
                 None if estimate is None else (lambda: estimate(collector.generated_text())),
-                cut=not collector.complete)
+                "not_reported" if collector.complete else "stream_cut")
         if hold is not None:  # a cut stream settles what it used too
             await hold.settle()
     answer = collector.response()  # None unless the stream can stand for the whole answer

@@ -95,3 +95,15 @@ def test_a_stream_the_client_left_is_metered_by_what_was_generated(budgeted: Rou
     assert sample(budgeted, "oculis_completion_tokens_total", upstream=UP) >= 1
     assert sample(budgeted, "oculis_cost_dollars_total", upstream=UP) > 0
     billed_as_metered(budgeted)
+
+
+def test_a_whole_answer_the_client_left_is_metered_by_its_prompt(budgeted: RouterHandle, fakes: Fakes) -> None:
+    fakes.scripts["small"].reply_delay = 20  # a long generation; the client gives up first
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(budgeted.server.url + "/v1/chat/completions", timeout=0.5,
+                   json={"model": UP, "messages": [{"role": "user", "content": "hello there"}]})
+    eventually(lambda: sample(budgeted, "oculis_usage_estimated_total", upstream=UP, reason="client_closed") == 1,
+               timeout=10, interval=0.05, what="the abandoned call to be metered by its prompt")
+    assert sample(budgeted, "oculis_prompt_tokens_total", upstream=UP) > 0  # the engine read it
+    assert sample(budgeted, "oculis_completion_tokens_total", upstream=UP) == 0  # what it generated is unknown
+    billed_as_metered(budgeted)
