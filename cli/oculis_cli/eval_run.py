@@ -138,8 +138,7 @@ def online_results(route: Route, items: list[core.Item], args: argparse.Namespac
 
     import httpx
 
-    from oculis_measure.bench.failures import api_base, diagnose
-    from oculis_measure.bench.load import error_text
+    from oculis_measure.bench.failures import api_base, diagnose, error_text
 
     key = os.environ.get(args.api_key_env)
     headers = {"authorization": f"Bearer {key}"} if key else {}

@@ -15,6 +15,7 @@ api_base() strips it and the callers append the API paths.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,3 +89,17 @@ def diagnose(kind: str, count: int, total: int, url: str, route: str, key_env: s
     else:
         cause = f"{kind}{said}"
     return Diagnosis(kind, count, code, f"{scope}: {cause}")
+
+
+def error_text(body: bytes) -> str:
+    """The message of an error body (OpenAI's {"error": {"message"}}, FastAPI's {"detail"}) or its text."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")[:200]
+    if isinstance(data, dict):
+        err = data.get("error")
+        msg = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else data.get("detail")
+        if msg:
+            return str(msg)[:200]
+    return body.decode("utf-8", "replace")[:200]

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from oculis_measure.bench.failures import api_base, early_failure
+from oculis_measure.bench.failures import api_base, early_failure, error_text
 from oculis_measure.bench.stats import RequestResult
 from oculis_measure.bench.workload import PlannedRequest, Workload
 
@@ -52,20 +52,6 @@ def salted(messages: list[dict[str, str]], salt: str) -> list[dict[str, str]]:
     if not salt:
         return messages
     return [{**messages[0], "content": f"{salt} {messages[0]['content']}"}, *messages[1:]]
-
-
-def error_text(body: bytes) -> str:
-    """The message of an error body (OpenAI's {"error": {"message"}}, FastAPI's {"detail"}) or its text."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace")[:200]
-    if isinstance(data, dict):
-        err = data.get("error")
-        msg = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else data.get("detail")
-        if msg:
-            return str(msg)[:200]
-    return body.decode("utf-8", "replace")[:200]
 
 
 async def one_request(client: Any, route: str, req: PlannedRequest, result: RequestResult, t0: float,
