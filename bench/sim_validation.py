@@ -219,7 +219,7 @@ def cpu_engine_runs(record: bool) -> None:
     # the profile fitted on the same repeat's calibration runs (recorded just before them, round-robin), and
     # the error is the median over repeats of the per-repeat errors.
     profiles = [cpu_engine.fit_profile({"runs": {k: [v[r]] for k, v in rec["runs"].items()}}) for r in range(repeats)]
-    keys = (("ttft_ms", "TTFT"), ("tpot_ms", "ITL"), ("e2e_ms", "E2E"), ("queue_ms", "queue"))
+    keys = (("ttft_ms", "TTFT"), ("engine_tpot_ms", "ITL"), ("e2e_ms", "E2E"), ("queue_ms", "queue"))
     for sc in cpu_engine.scenarios():
         if sc.name not in rec["runs"]:
             continue
@@ -242,8 +242,9 @@ def cpu_engine_runs(record: bool) -> None:
               f"{sim['preemptions']:.0f}{'' if same else ' VERDICT DIFFERS'}  prefix hits "
               f"{real['prefix_hit_rate']:.0%}/{sim['prefix_hit_rate']:.0%}")
         print(f"  {'':17}{sc.what}")
-    print("  ITL here is decode time per token, (E2E - TTFT) / (output - 1) over the means, for both (the engine's "
-          "API server packs several tokens into one streamed chunk when loaded)")
+    print("  ITL here is decode time per token on the engine's clock (vllm:request_decode_time_seconds over the tokens "
+          "after the first; older recordings: (E2E - TTFT) / (output - 1)): on this oversubscribed machine the API "
+          "server stalls and packs the stream, so client-side gaps measure it, not the scheduler")
     medians("OUT-OF-SAMPLE scenarios", table)
     print(f"  preemption verdict (any / none) agrees in {sum(verdicts)} of {len(verdicts)} held-out scenarios")
 

@@ -61,3 +61,25 @@ def test_cli_takes_the_version_and_refuses_a_bad_one(capsys: pytest.CaptureFixtu
     assert main([*argv, "--vllm-version", "nightly"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--vllm-version 'nightly'" in err
+
+
+def test_cpu_needs_a_fitted_step_profile_and_a_bad_one_is_one_line(capsys: pytest.CaptureFixture[str],
+                                                                  tmp_path: Path) -> None:
+    wl = tmp_path / "w.yaml"
+    wl.write_text("prompt_tokens: 200\noutput_tokens: 16\nstages: [{rate: inf, requests: 3}]\nmax_concurrency: 1\n")
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("paramsBillions: 0.003\nnumLayers: 2\nhiddenSize: 256\nnumAttentionHeads: 4\nnumKvHeads: 2\n"
+                   "headDim: 64\nvocabSize: 4096\nmaxPositionEmbeddings: 2048\n")
+    argv = ["sim", "replay", "--model", "tiny", "--model-config", str(cfg), "--gpu", "CPU", "--block-size", "128",
+            "--max-model-len", "512", "--num-gpu-blocks-override", "64", "--workload", str(wl)]
+    assert main(argv) == 2
+    assert "--step-profile" in capsys.readouterr().err
+    prof = tmp_path / "p.yaml"
+    prof.write_text("step_s: 0.01\nrequest_s: 0.001\nprefill_token_s: 5e-5\ndecode_token_s: 0\nwarp: 1\n")
+    assert main([*argv, "--step-profile", str(prof)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "warp: unknown key" in err
+    prof.write_text("step_s: 0.01\nrequest_s: 0.001\nprefill_token_s: 5e-5\ndecode_token_s: 0\n")
+    assert main([*argv, "--step-profile", str(prof), "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["itl_ms"]["mean"] == pytest.approx(11.0)  # 10 ms a step + 1 ms for its one request
