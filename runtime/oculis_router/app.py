@@ -274,7 +274,8 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
                                          up.name, failure_kind(v), "canary").inc())
         slices = slice_watch(http)  # in a cluster: the Services' EndpointSlices; else None
         subs = Subscriptions(fleet, metrics)
-        fleet.sync(replicas.found(holder.current.config, resolver, slices))  # the first requests pick too
+        fleet.refresh = lambda: fleet.sync(replicas.found(holder.current.config, resolver, slices))
+        fleet.refresh()  # the first requests pick too
         tasks = [asyncio.create_task(t) for t in (
             replicas.keep_synced(fleet, lambda: holder.current.config, resolver, slices, subs.sync),
             replicas.keep_scraping(fleet, http), *([slices.run()] if slices is not None else []))]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -212,6 +212,9 @@ class Fleet:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self.pools: dict[str, Pool] = {}
+        # Re-reads the replica sources now (the app sets it): a retry after a failed replica looks again
+        # rather than wait for the next periodic sync, as a pod that just went is why attempts fail.
+        self.refresh: Callable[[], None] | None = None
 
     def pool(self, up: Upstream) -> Pool | None:
         p = self.pools.get(up.name)
@@ -235,5 +238,7 @@ class Fleet:
 
     def lease(self, up: Upstream, body: dict[str, Any], endpoint: str, revision: str,
               tried: set[str]) -> Lease | None:
+        if tried and self.refresh is not None:
+            self.refresh()
         pool = self.pool(up)
         return None if pool is None else pool.lease(body, endpoint, revision, tried)

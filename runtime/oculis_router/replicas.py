@@ -31,7 +31,7 @@ from oculis_router.endpoints import LOOPBACK, EndpointResolver
 from oculis_router.pick import Fleet, Replica
 
 log = logging.getLogger("oculis.router")
-SYNC_S = 0.5
+SYNC_S = 0.25
 SCRAPE_S = 1.0
 SCRAPE_TIMEOUT_S = 0.8
 Found = dict[str, tuple[str, list[Replica]]]  # upstream -> (picker strategy, its replicas now)
