@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from oculis.adapters import ADAPTER_CEL_RULES, MAX_ADAPTERS, Adapter, LoraRank, adapter_problem
 from oculis.base import Model
 from oculis.gpus import GPU_PRODUCTS
 from oculis.router import DEFAULT_PICKER, NAME_PATTERN, PickerName, Pricing, Provider, Timeouts
@@ -215,6 +216,10 @@ class Engine(Model):
     """Speculative decoding settings"""
     extra_args: list[Annotated[str, Field(min_length=1)]] = Field(
         default_factory=list, description="Further vllm serve flags, appended last")
+    max_loras: int | None = Field(None, ge=1, le=64, description="With spec.adapters: LoRA adapters one batch "
+                                  "can use at once (vLLM --max-loras, default 1); each slot is planned in GPU memory")
+    max_lora_rank: LoraRank | None = Field(
+        None, description="With spec.adapters: the largest adapter rank (vLLM --max-lora-rank, default 16)")
 
 
 class Traffic(Model):
@@ -426,6 +431,8 @@ class GPUUpstreamSpec(Model):
     """The model's Hugging Face config.json from a ConfigMap (instead of modelConfig)"""
     engine: Engine | None = None
     """Self-hosted: vLLM engine settings"""
+    adapters: list[Adapter] | None = Field(None, max_length=MAX_ADAPTERS)
+    """Self-hosted: LoRA adapters served beside the base model (tiers name them in `adapter`)"""
     traffic: Traffic | None = None
     """What the capacity check plans for"""
     rollout: Rollout | None = None
@@ -485,6 +492,10 @@ class GPUUpstreamSpec(Model):
             raise ValueError(BOTH_MODEL_CONFIGS)
         if self.routing is not None and self.routing.picker is not None and not self.self_hosted:
             raise ValueError(PICKER_EXTERNAL)
+        if self.adapters and not self.self_hosted:
+            raise ValueError("spec.adapters apply only to provider vllm (the engine loads them); remove them")
+        if self.adapters and (why := adapter_problem(self.adapters, e.max_lora_rank if e else None)):
+            raise ValueError(why)
         return self
 
 
@@ -524,6 +535,7 @@ CEL_RULES: list[dict[str, str]] = [
     {"rule": "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) "
              "|| self.autoscaling.minReplicas <= self.autoscaling.maxReplicas",
      "message": AUTOSCALING_BOUNDS, "fieldPath": ".autoscaling.minReplicas"},
+    *ADAPTER_CEL_RULES,
 ]
 NAME_RULE = {"rule": f"size(self.metadata.name) <= {MAX_NAME}",
              "message": f"metadata.name must be at most {MAX_NAME} characters (derived Deployment names add a suffix)"}

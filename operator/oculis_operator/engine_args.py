@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from oculis.adapters import LORA_FLAGS, lora_args
 from oculis.router import KV_EVENTS_PORT
 from oculis.upstream import Engine, GPUUpstreamSpec
 from oculis.vllm_flags import VLLM_IMAGE as VLLM_IMAGE  # the pinned engine, rendered when spec.image is unset
@@ -32,7 +33,8 @@ FLAGS: list[tuple[str, str, Callable[[Any], str | None]]] = [
 BOOLEAN_FLAGS = {"prefix_caching": "enable-prefix-caching"}
 OWNED = {f for _, f, _ in FLAGS} | {f"--{b}" for b in BOOLEAN_FLAGS.values()} | {
     f"--no-{b}" for b in BOOLEAN_FLAGS.values()} | {"--tensor-parallel-size", "--speculative-config", "--host",
-                                                     "--port", "--served-model-name", "--model", "--kv-events-config"}
+                                                     "--port", "--served-model-name", "--model", "--kv-events-config",
+                                                     *LORA_FLAGS}
 # The engine's KV-cache events, published for the router's kv-events picker (oculis_router.kvsub).
 KV_EVENTS_CONFIG = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                                "endpoint": f"tcp://*:{KV_EVENTS_PORT}", "topic": "kv-events"},
@@ -86,6 +88,7 @@ def build(spec: GPUUpstreamSpec, resolved: dict[str, int], alias: str | None = N
         argv.append(f"--speculative-config={sc}")
     if publishes_kv_events(spec):
         argv.append(f"--kv-events-config={KV_EVENTS_CONFIG}")
+    argv += lora_args(spec.adapters or [], engine.max_loras, engine.max_lora_rank)
     for i, extra in enumerate(engine.extra_args):
         flag = flag_name(extra)
         if flag in OWNED or flag in ("--preemption-mode", "--swap-space"):

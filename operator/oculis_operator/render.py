@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from oculis import gpus
+from oculis.adapters import RUNTIME_LORA_ENV, adapter_volumes
 from oculis.router import KV_EVENTS_PORT
 from oculis.upstream import GPUUpstreamSpec
 from oculis_operator.engine_args import PORT, VLLM_IMAGE, publishes_kv_events
@@ -93,6 +94,12 @@ def pod_template(name: str, spec: GPUUpstreamSpec, argv: list[str], weights_byte
         "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
         "terminationGracePeriodSeconds": 60,
     }
+    if spec.adapters:  # only then, so templates without adapters (and their engine hash) stay as they were
+        volumes, mounts = adapter_volumes(spec.adapters)
+        container = pod_spec["containers"][0]
+        container["env"] = [{"name": RUNTIME_LORA_ENV, "value": "True"}]
+        container["volumeMounts"] += mounts
+        pod_spec["volumes"] += volumes
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     template: dict[str, Any] = {"metadata": {"labels": labels(name)}, "spec": pod_spec}

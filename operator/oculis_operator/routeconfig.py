@@ -134,6 +134,8 @@ def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] 
         entry["revision"] = status.get("engineHash") or "pending"
         if picker := (spec.get("routing") or {}).get("picker"):
             entry["picker"] = picker
+        if adapters := spec.get("adapters"):  # a tier naming another adapter is refused (InvalidRouterConfig)
+            entry["adapters"] = [a["name"] for a in adapters]
         if (share := canary_share(obj)) is not None:
             entry["canary"] = {"base_url": render.canary_endpoint(name, meta["namespace"]), "percent": share}
         # The router must know, to apply the route's coldStart instead of a doomed connection attempt:

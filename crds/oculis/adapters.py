@@ -1,0 +1,159 @@
+"""LoRA adapters of a GPUUpstream: fine-tunes served on one base engine, each a tier's model.
+
+vLLM serves many adapters on one engine (`--enable-lora --max-loras N --max-lora-rank R
+--lora-modules name=path`); a request names an adapter as its `model`. The rules here are the ones
+vLLM 0.32 enforces at start (checked with its own parser: `--max-lora-rank` takes only
+VLLM_LORA_RANKS, default 16; `--max-loras` default 1), so a spec it would refuse is refused at
+`kubectl apply` instead. The same checks are CEL rules on the CRD (ADAPTER_CEL_RULES).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from oculis.base import Model
+
+# vLLM 0.32 `--max-lora-rank` choices and defaults (vllm/config/lora.py; its parser refuses others).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+assert LoraRank.__args__ == VLLM_LORA_RANKS  # type: ignore[attr-defined]
+DEFAULT_MAX_LORA_RANK = 16
+DEFAULT_MAX_LORAS = 1
+MAX_ADAPTERS = 32  # bounds the CEL uniqueness check's cost; more adapters than this on one base is not planned
+# An adapter name is sent as a model name and may follow `<route>/` in a request: no '/', no spaces.
+ADAPTER_NAME = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
+# Where a ConfigMap- or PVC-sourced adapter is mounted in the engine pod: <dir>/<adapter name>.
+ADAPTER_MOUNT_DIR = "/adapters"
+
+
+class AdapterVolume(Model):
+    """A PersistentVolumeClaim or ConfigMap holding the adapter's files (adapter_config.json and
+    adapter_model.safetensors), mounted read-only into the engine pod."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", max_length=253)
+    """The claim's or ConfigMap's name, in the upstream's namespace"""
+    sub_path: str | None = Field(None, pattern=r"^[^/]\S*$", max_length=1024)
+    """Folder inside the volume holding the adapter (unset: its root)"""
+
+
+class AdapterSource(Model):
+    """Where the adapter's weights come from: exactly one of huggingFace, path, pvc or configMap."""
+
+    hugging_face: str | None = Field(None, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[-A-Za-z0-9_.]+$",
+                                     max_length=200)
+    """A Hugging Face repository id (org/name), fetched by the engine"""
+    path: str | None = Field(None, pattern=r"^/\S*$", max_length=1024)
+    """An absolute path already in the engine container (an image layer or a volume you mount)"""
+    pvc: AdapterVolume | None = None
+    """A PersistentVolumeClaim of the namespace, mounted at /adapters/<name>"""
+    config_map: AdapterVolume | None = None
+    """A ConfigMap of the namespace (small adapters: binaryData under 1 MiB), mounted at /adapters/<name>"""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> AdapterSource:
+        given = [k for k in ("hugging_face", "path", "pvc", "config_map") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"source: give exactly one of huggingFace, path, pvc or configMap (got "
+                             f"{', '.join(given) or 'none'})")
+        return self
+
+
+SOURCE_ONE_RULE: dict[str, Any] = {
+    "rule": "[has(self.huggingFace), has(self.path), has(self.pvc), has(self.configMap)]"
+            ".filter(x, x).size() == 1",
+    "message": "source: give exactly one of huggingFace (org/name), path (/abs/path), pvc {name} or configMap {name}",
+}
+
+
+class Adapter(Model):
+    """One LoRA adapter the engine serves beside the base model; requests name it as their model."""
+
+    name: str = Field(pattern=ADAPTER_NAME, max_length=63)
+    """The model name requests use for it (tiers name it in `adapter`)"""
+    source: AdapterSource = Field(json_schema_extra={"x-kubernetes-validations": [SOURCE_ONE_RULE]})
+    """Where its weights come from"""
+    rank: int | None = Field(None, ge=1, le=max(VLLM_LORA_RANKS))
+    """Its LoRA rank r (adapter_config.json); must be at most engine.maxLoraRank"""
+
+    def module_path(self) -> str:
+        """What `--lora-modules name=<path>` gets: the HF id, the path, or the mounted volume."""
+        s = self.source
+        if s.hugging_face:
+            return s.hugging_face
+        if s.path:
+            return s.path
+        vol = s.pvc or s.config_map
+        assert vol is not None
+        base = f"{ADAPTER_MOUNT_DIR}/{self.name}"
+        return f"{base}/{vol.sub_path.strip('/')}" if vol.sub_path else base
+
+
+def adapter_problem(adapters: list[Adapter], max_lora_rank: int | None) -> str | None:
+    """Why this adapter list is refused (duplicate name, rank above maxLoraRank), or None."""
+    names = [a.name for a in adapters]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        return (f"spec.adapters: names must be unique, {', '.join(repr(d) for d in dupes)} is repeated; "
+                "rename or remove the duplicate")
+    cap = max_lora_rank or DEFAULT_MAX_LORA_RANK
+    for i, a in enumerate(adapters):
+        if a.rank is not None and a.rank > cap:
+            return (f"spec.adapters[{i}].rank: {a.rank} ({a.name!r}) is above engine.maxLoraRank {cap}; raise "
+                    f"engine.maxLoraRank to one of {', '.join(str(r) for r in VLLM_LORA_RANKS if r >= a.rank)}")
+    return None
+
+
+def unknown_adapter(adapter: str, upstream: str, declared: list[str], where: str) -> str:
+    """The one-line refusal for a tier naming an adapter its upstream does not declare."""
+    known = ", ".join(declared) if declared else "none"
+    return (f"{where}: adapter {adapter!r} is not declared by upstream {upstream!r} (its adapters: {known}); "
+            f"add it to the upstream's adapters or name a declared one")
+
+
+UNIQUE_MESSAGE = "spec.adapters: names must be unique; rename or remove the duplicate"
+RANK_MESSAGE = ("spec.adapters[].rank must be at most spec.engine.maxLoraRank (default 16); raise "
+                "engine.maxLoraRank or use a lower-rank adapter")
+# CEL rules on `spec`, next to the upstream's own CEL_RULES.
+ADAPTER_CEL_RULES: list[dict[str, str]] = [
+    {"rule": "!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b, b.name == a.name))",
+     "message": UNIQUE_MESSAGE, "fieldPath": ".adapters"},
+    {"rule": "!has(self.adapters) || self.adapters.all(a, !has(a.rank) || a.rank <= "
+             "(has(self.engine) && has(self.engine.maxLoraRank) ? self.engine.maxLoraRank : "
+             f"{DEFAULT_MAX_LORA_RANK}))",
+     "message": RANK_MESSAGE, "fieldPath": ".adapters"},
+    {"rule": "self.provider == 'vllm' || !has(self.adapters) || size(self.adapters) == 0",
+     "message": "spec.adapters apply only to provider vllm (the engine loads them); remove them for external "
+                "providers", "fieldPath": ".adapters"},
+]
+
+
+LORA_FLAGS = ("--enable-lora", "--max-loras", "--max-lora-rank", "--lora-modules")  # rendered from typed fields
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # lets /v1/load_lora_adapter change adapters without a restart
+
+
+def lora_args(adapters: list[Adapter], max_loras: int | None, max_lora_rank: int | None) -> list[str]:
+    """The `vllm serve` flags serving `adapters` (spelled as vLLM 0.32's parser takes them; none without
+    adapters). `--lora-modules` takes several `name=path` arguments, so they follow it separately."""
+    if not adapters:
+        return []
+    return ["--enable-lora", f"--max-loras={max_loras or DEFAULT_MAX_LORAS}",
+            f"--max-lora-rank={max_lora_rank or DEFAULT_MAX_LORA_RANK}",
+            "--lora-modules", *(f"{a.name}={a.module_path()}" for a in adapters)]
+
+
+def adapter_volumes(adapters: list[Adapter]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Pod volumes and the engine container's read-only mounts for adapters held in a PVC or ConfigMap."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for i, a in enumerate(adapters):
+        s = a.source
+        if s.pvc is not None:
+            volumes.append({"name": f"lora-{i}", "persistentVolumeClaim": {"claimName": s.pvc.name, "readOnly": True}})
+        elif s.config_map is not None:
+            volumes.append({"name": f"lora-{i}", "configMap": {"name": s.config_map.name}})
+        else:
+            continue
+        mounts.append({"name": f"lora-{i}", "mountPath": f"{ADAPTER_MOUNT_DIR}/{a.name}", "readOnly": True})
+    return volumes, mounts
