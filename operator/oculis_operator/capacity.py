@@ -26,6 +26,7 @@ from oculis.gpus import GPUProduct
 from oculis.upstream import Engine, ModelConfig, Traffic
 from oculis.vllm_flags import PINNED_VLLM
 from oculis.vllm_flags import vllm_version as vllm_version  # the plan's version comes from the image tag
+from oculis_operator import lora_capacity
 
 GiB = 1024**3
 BLOCK = 16  # vLLM's default KV block size in tokens
@@ -271,7 +272,9 @@ def _version_text(version: tuple[int, int] | None) -> tuple[tuple[int, int], str
 
 def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = None,
          traffic: Traffic | None = None, draft: ModelConfig | None = None, model_name: str = "model",
-         vllm_version: tuple[int, int] | None = DEFAULT_VLLM) -> Plan:
+         vllm_version: tuple[int, int] | None = DEFAULT_VLLM, lora: bool = False) -> Plan:
+    """`lora`: the engine serves adapters (--enable-lora): its adapter buffers and shrink step are planned
+    (oculis_operator.lora_capacity)."""
     e = engine or Engine()
     version, version_note = _version_text(vllm_version)
     notes = [version_note] if version_note else []
@@ -291,6 +294,11 @@ def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = N
     elif spec is not None and spec.method == "mtp":  # one extra decoder layer of the target
         kv_tok += kv_bytes_per_token(model, tp, e.kv_cache_dtype) // model.num_layers
         extra_kv = True
+    if lora:
+        adapters = lora_capacity.lora_weight_bytes(model, tp, e)
+        weights += adapters
+        notes.append(f"LoRA: {e.max_loras or 1} adapter slots at rank {e.max_lora_rank or 16} take "
+                     f"{adapters / GiB:.2f} GiB/GPU (q,k,v,o,gate,up,down of every layer), counted with the weights")
     usable = int(total * e.gpu_memory_utilization)
     graphs = cuda_graph_bytes(model, e, version)
     non_torch = non_torch_bytes(tp, version)
@@ -298,7 +306,8 @@ def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = N
 
     def overhead_and_budget(n_seqs: int, n_batched: int) -> tuple[int, int]:
         """(runtime overhead, KV budget) in bytes for a batch of n_seqs sequences and n_batched tokens a step."""
-        overhead = activation_bytes(model, tp, n_seqs, n_batched, version) + non_torch + graphs
+        overhead = activation_bytes(model, tp, n_seqs, n_batched, version) + non_torch + graphs + (
+            lora_capacity.lora_activation_bytes(e, n_batched) if lora else 0)
         return overhead, usable - weights - overhead
 
     def pool_for(budget: int, n_batched: int) -> tuple[int, int, str | None]:

@@ -380,7 +380,8 @@ def check(spec: GPUUpstreamSpec, model_config_text: str | None = None,
             return "TokenizerMismatch", mismatch
     # The budget terms changed across vLLM releases: plan for the version the engine image runs.
     return capacity.plan(model, gpus.lookup(spec.gpu.product), spec.gpu.count, engine, spec.traffic, draft,
-                         spec.model, vllm_version=capacity.vllm_version(spec.image or engine_args.VLLM_IMAGE))
+                         spec.model, vllm_version=capacity.vllm_version(spec.image or engine_args.VLLM_IMAGE),
+                         lora=bool(spec.adapters))
 
 
 def _report_progress(obs: Observed, existing: dict[str, Any] | None, desired_hash: str, writing: bool,
