@@ -24,7 +24,8 @@ log = logging.getLogger("oculis.router")
 HEADERS = {"tier": "x-oculis-tier", "upstream": "x-oculis-upstream", "cache": "x-oculis-cache",
            "escalation_reason": "x-oculis-escalation-reason", "request_id": "x-request-id",
            "revision": "x-oculis-revision",  # stable or canary: an engine change's canary, per request
-           "replica": "x-oculis-replica"}  # the replica (pod) the router picked, when it picked one
+           "replica": "x-oculis-replica",  # the replica (pod) the router picked, when it picked one
+           "adapter": "x-oculis-adapter"}  # the LoRA adapter the answering tier was asked for
 TIER_LISTS = {"failed_tiers": "x-oculis-failed-tiers", "replaced_tiers": "x-oculis-replaced-tiers"}
 
 

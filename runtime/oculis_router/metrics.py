@@ -27,6 +27,10 @@ class Metrics:
         # and route that caused it, and not re-apply a cascade the counters already observed.
         self.routed = Counter("oculis_routed_requests", "Requests by the tier the route sent them to first",
                               ["route", "tier", "upstream"], registry=r)
+        # Only declared adapters reach it (others are a 404), so its label values are bounded by the config.
+        self.adapter_requests = Counter("oculis_adapter_requests", "Requests for a LoRA adapter, by route (or "
+                                        "upstream named directly), upstream and adapter", ["route", "upstream",
+                                                                                          "adapter"], registry=r)
         self.answers_replaced = Counter("oculis_answers_replaced", "Answers a tier produced that a later tier's "
                                         "replaced (escalation.on_answer)", ["route", "tier", "upstream", "reason"],
                                         registry=r)

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oculis import Timeouts, Upstream
+from oculis_router import adapters, decide
 from oculis_router import answer_check as answers
-from oculis_router import decide
 from oculis_router.errors import APIError, bad_request
 from oculis_router.metrics import Metrics
 from oculis_router.providers import refusal
@@ -43,6 +43,7 @@ class Plan:
     tried: list[int] = field(default_factory=list)
     moved: list[str] = field(default_factory=list)
     cold_skipped: list[str] = field(default_factory=list)  # later tiers' upstreams left out: scaled to zero
+    adapters: list[str | None] = field(default_factory=list)  # per tier: the LoRA adapter asked for (None: base)
 
     def routed_tier(self) -> str | None:
         """The tier the request was first sent to (None: no tier)."""
@@ -75,12 +76,36 @@ def narrowed(plan: Plan, order: tuple[int, ...], action: str = "") -> Plan:
     moved_up = bool(order) and order[0] > 0
     return replace(plan, tiers=[plan.tiers[i] for i in order], tier_names=[plan.tier_names[i] for i in order],
                    timeouts=[plan.timeouts[i] for i in order] if plan.timeouts else [],
+                   adapters=[plan.adapters[i] for i in order] if plan.adapters else [],
                    escalated=plan.escalated or moved_up, cold_start=action or plan.cold_start,
                    why="cold_start" if moved_up and action == "escalated" else plan.why)
 
 
+def adapter_plan(rt: Runtime, model: str, base: str, adapter: str, metrics: Metrics) -> Plan:
+    """`model: <upstream>/<adapter>` (that upstream alone) or `<route>/<adapter>` (the route's tiers whose
+    upstream serves the adapter, cheapest first, escalating along them; unclassified: the adapter fixes the
+    model); an adapter they do not serve is a 404 naming the ones they do."""
+    if base in rt.upstreams:
+        up = rt.upstreams[base]
+        if adapter not in (up.adapters or []):
+            raise adapters.unknown(model, adapter, up.adapters or [])
+        metrics.routed.labels(base, "direct", base).inc()
+        metrics.adapter_requests.labels(base, base, adapter).inc()
+        return Plan(None, [adapters.with_adapter(up, adapter)], ["direct"], None, False, adapters=[adapter])
+    rr = rt.routes[base]
+    tiers = [rr.route.tiers[i] for i in adapters.tiers_for(rt, rr, adapter)]
+    if not tiers:
+        raise adapters.unknown(model, adapter, adapters.route_adapters(rt, rr))
+    metrics.routed.labels(base, tiers[0].name, tiers[0].upstream).inc()
+    metrics.adapter_requests.labels(base, tiers[0].upstream, adapter).inc()
+    return Plan(rr, [adapters.with_adapter(rt.upstreams[t.upstream], adapter) for t in tiers], [t.name for t in tiers],
+                None, False, [t.timeouts for t in tiers], adapters=[adapter] * len(tiers))
+
+
 def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: str = "chat") -> Plan:
     name = body["model"]
+    if name not in rt.upstreams and name not in rt.routes and (named := adapters.split(rt, name)):
+        return adapter_plan(rt, name, *named, metrics)
     if name in rt.upstreams:
         metrics.routed.labels(name, "direct", name).inc()
         return Plan(None, [rt.upstreams[name]], ["direct"], None, False)
@@ -115,9 +140,12 @@ def plan_request(rt: Runtime, body: dict[str, Any], metrics: Metrics, endpoint: 
     if decision.escalated:
         metrics.escalations.labels(name, "low_confidence").inc()
     verifier = rt.upstreams.get(check.verifier.upstream) if check is not None and check.verifier else None
-    return Plan(rr, [rt.upstreams[t.upstream] for t in tiers], [t.name for t in tiers], c.complexity,
-                decision.escalated, [t.timeouts for t in tiers], c.prompt_tokens, c.confidence, verifier=verifier,
-                why="low_confidence" if decision.escalated else "")
+    if tiers[0].adapter is not None:
+        metrics.adapter_requests.labels(name, tiers[0].upstream, tiers[0].adapter).inc()
+    return Plan(rr, [adapters.with_adapter(rt.upstreams[t.upstream], t.adapter) for t in tiers],
+                [t.name for t in tiers], c.complexity, decision.escalated, [t.timeouts for t in tiers],
+                c.prompt_tokens, c.confidence, verifier=verifier, why="low_confidence" if decision.escalated else "",
+                adapters=[t.adapter for t in tiers])
 
 
 def cold_start_advice(mode: str | None, later_serving: bool) -> str:
@@ -192,6 +220,8 @@ def headers(plan: Plan, i: int, cache: str | None) -> dict[str, str]:
          "x-oculis-escalated": "true" if plan.escalated or i > 0 else "false"}
     if cache is not None:
         h["x-oculis-cache"] = cache
+    if i < len(plan.adapters) and plan.adapters[i] is not None:
+        h[adapters.HEADER] = str(plan.adapters[i])
     reasons = ([plan.why] if plan.why else []) + plan.moved
     if h["x-oculis-escalated"] == "true" and reasons:
         h["x-oculis-escalation-reason"] = reasons[-1]

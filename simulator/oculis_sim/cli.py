@@ -223,6 +223,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace, ignored: list[str]) -> int:
+    from oculis_sim.lora import from_args as lora_from_args
     from oculis_sim.server import serve
 
     s = settings_from(args)
@@ -233,6 +234,7 @@ def run_serve(args: argparse.Namespace, ignored: list[str]) -> int:
         code, message = problem
         print(f"oculis sim serve: error: {message}", file=sys.stderr)
         return code
+    lora, ignored = lora_from_args(ignored, s.served_names[0])
     flags = [a.split("=", 1)[0] for a in ignored if a.startswith("-")]
     if ignored:
         print(f"oculis sim serve: warning: ignoring what vLLM accepts and the simulator does not model: "
@@ -252,7 +254,7 @@ def run_serve(args: argparse.Namespace, ignored: list[str]) -> int:
                 print(f"oculis sim serve: error: {exc}", file=sys.stderr)
                 return 1
             print(f"oculis sim serve: publishing KV events on {cfg.endpoint} (topic {cfg.topic!r})", file=sys.stderr)
-    serve(s, args.host, args.port, kv)
+    serve(s, args.host, args.port, kv, lora)
     return 0
 
 

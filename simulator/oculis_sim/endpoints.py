@@ -39,7 +39,7 @@ def add_routes(app: web.Application, sim: SimServer) -> None:
         return web.json_response({"object": "list", "data": [
             {"id": name, "object": "model", "created": now, "owned_by": FINGERPRINT, "root": s.model_path,
              "parent": None, "max_model_len": s.max_model_len, "permission": [_permission(now)]}
-            for name in s.served_names]})
+            for name in s.served_names] + (sim.lora.cards(now, _permission(now)) if sim.lora else [])})
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(status=503 if sim.dead else 200)

@@ -31,6 +31,8 @@ from oculis_sim.config import Settings
 from oculis_sim.engine import EngineCore
 from oculis_sim.engine_log import log_stats, startup_lines
 from oculis_sim.kvevents import Publisher
+from oculis_sim.lora import Adapters
+from oculis_sim.lora import add_routes as lora_routes
 from oculis_sim.metrics import Finished, Metrics
 from oculis_sim.scheduler import Request
 from oculis_sim.tokens import WORDS, answer_tokens, block_hashes, placeholder
@@ -53,6 +55,7 @@ class SimServer:
         if kv is not None:
             kv.attach(self.core)
         self.metrics = Metrics(settings)
+        self.lora: Adapters | None = None  # --enable-lora: the adapters it serves (lora.py)
         self.pending: list[tuple[float, int, Request]] = []  # (time the scheduler may see it, seq, request)
         self.seq = itertools.count()
         self.wake = asyncio.Event()
@@ -249,9 +252,11 @@ class SimServer:
             return error_response(json_error(exc))
         except UnicodeDecodeError:
             return error_response(json_error(json.JSONDecodeError("invalid UTF-8", "", 0)))
-        names = self.settings.served_names
+        names, lora = self.settings.served_names, self.lora
+        adapter = body.get("model") if lora and isinstance(body, dict) and body.get("model") in lora.modules else None
         try:
-            gen = parse(body, chat, names, self.settings.max_model_len, request.headers.get("X-Request-Id"))
+            gen = parse(body, chat, names + (lora.names() if lora else ()), self.settings.max_model_len,
+                        request.headers.get("X-Request-Id"))
         except ApiError as err:
             return error_response(err)
         seed = (self.settings.seed, gen.seed) if gen.seed is not None else (self.settings.seed, next(self.seq))
@@ -266,10 +271,12 @@ class SimServer:
             send_headers = getattr(getattr(resp, "_payload_writer", None), "send_headers", None)
             if callable(send_headers):
                 send_headers()
-        call = Call(gen, names[0], resp, arrival, seed)  # vLLM answers with the first served name
+        call = Call(gen, adapter or names[0], resp, arrival, seed)  # vLLM answers with the first served name
         call.transport = request.transport
         self.in_flight += 1
         try:
+            if adapter and lora:
+                await lora.acquire(adapter)
             for p, prompt in enumerate(gen.prompts):  # vLLM runs each prompt n times; choice p * n + i
                 hashes = block_hashes(prompt.tokens, self.settings.block_size)
                 if self.kv is not None:
@@ -286,6 +293,8 @@ class SimServer:
                                                                        last=not gen.include_usage)))
         finally:
             self.in_flight -= 1
+            if adapter and lora:
+                lora.release(adapter)
         generated = sum(ch.pos for ch in call.choices)
         cached = min(ch.cached for ch in call.choices) if self.settings.prompt_tokens_details else None
         block = self.settings.block_size
@@ -367,10 +376,11 @@ async def honesty(request: web.Request, handler: Callable[[web.Request], Awaitab
     return resp
 
 
-def build_app(settings: Settings, kv: Publisher | None = None) -> web.Application:
+def build_app(settings: Settings, kv: Publisher | None = None, lora: Adapters | None = None) -> web.Application:
     from oculis_sim import endpoints
 
     sim = SimServer(settings, kv)
+    sim.lora = lora
     app = web.Application(middlewares=[honesty], client_max_size=64 * 2**20)
 
     async def chat(request: web.Request) -> web.StreamResponse:
@@ -394,14 +404,17 @@ def build_app(settings: Settings, kv: Publisher | None = None) -> web.Applicatio
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", completions)
     endpoints.add_routes(app, sim)
+    if lora is not None:
+        lora_routes(app, lora, sim.metrics.registry)
     app["sim"] = sim
     return app
 
 
-def serve(settings: Settings, host: str, port: int, kv: Publisher | None = None) -> None:
+def serve(settings: Settings, host: str, port: int, kv: Publisher | None = None, lora: Adapters | None = None
+          ) -> None:
     for line in startup_lines(settings):
         print(line, file=sys.stderr, flush=True)
-    app = build_app(settings, kv)
+    app = build_app(settings, kv, lora)
 
     async def start_logger(app: web.Application) -> None:
         app["logger"] = asyncio.get_running_loop().create_task(log_stats(app["sim"]))

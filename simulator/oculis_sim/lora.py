@@ -1,0 +1,168 @@
+"""LoRA adapters on the simulator, as vLLM 0.32 serves them (`--enable-lora --max-loras N
+--lora-modules name=path ...`): each adapter is a model name of its own, listed by /v1/models with its
+`parent` (the first served name) and `root` (its path); `/v1/load_lora_adapter` and
+`/v1/unload_lora_adapter` answer with vLLM's words (vllm/entrypoints/openai/models/serving.py);
+`vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}` is exported.
+
+The slot limit: at most `max_loras` distinct adapters run in one step; a request for another waits
+(vLLM's scheduler skips it until a slot frees), and a first request for an adapter that is not in a GPU
+slot pays its load time (LOAD_S, a CPU-to-GPU copy of a small adapter). The engine's scheduler is not
+changed: the wait is modelled here, before the request enters it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge
+
+from oculis_sim.api_request import ApiError
+
+FLAGS = ("--enable-lora", "--max-loras", "--max-lora-rank", "--lora-modules")
+LOAD_S = 0.05  # first use of an adapter not in a GPU slot: a few MB copied host-to-device
+
+
+@dataclass
+class Adapters:
+    """The adapters one engine serves and which of them hold a GPU slot."""
+
+    base: str  # the first served name: every adapter's parent
+    max_loras: int
+    modules: dict[str, str] = field(default_factory=dict)  # name -> path
+    running: Counter[str] = field(default_factory=Counter)  # adapter -> requests running
+    waiting: Counter[str] = field(default_factory=Counter)
+    slots: list[str] = field(default_factory=list)  # adapters in GPU slots, least recently used first
+    freed: asyncio.Event | None = None
+    on_change: Callable[[], None] | None = None  # refreshes vllm:lora_requests_info
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.modules)
+
+    def cards(self, now: int, permission: dict[str, Any]) -> list[dict[str, Any]]:
+        """/v1/models entries, as vLLM's ModelCard for a LoRA (no max_model_len)."""
+        return [{"id": n, "object": "model", "created": now, "owned_by": "vllm", "root": p, "parent": self.base,
+                 "max_model_len": None, "permission": [permission]} for n, p in self.modules.items()]
+
+    async def acquire(self, name: str) -> None:
+        """Wait for a slot among max_loras (a step runs at most that many distinct adapters), paying the
+        load time when the adapter is not in one."""
+        self.freed = self.freed or asyncio.Event()
+        self.waiting[name] += 1
+        self._changed()
+        try:
+            while name not in self.running and len(+self.running) >= self.max_loras:
+                self.freed.clear()
+                await self.freed.wait()
+            if name not in self.slots:
+                self.slots.append(name)
+                del self.slots[:-self.max_loras]
+                await asyncio.sleep(LOAD_S)
+        finally:
+            self.waiting[name] -= 1
+        self.running[name] += 1
+        self._changed()
+
+    def release(self, name: str) -> None:
+        self.running[name] -= 1
+        self.running = +self.running  # drop zero counts
+        if self.freed is not None:
+            self.freed.set()
+        self._changed()
+
+    def load(self, body: dict[str, Any]) -> tuple[int, str | dict[str, Any]]:
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            return _error(400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput")
+        if name == self.base:
+            return _error(400, f"The lora adapter '{name}' conflicts with a served base model.", "InvalidUserInput")
+        if name in self.modules and not body.get("load_inplace"):
+            return _error(400, f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
+                          "in place, set 'load_inplace' to True.", "InvalidUserInput")
+        self.modules[str(name)] = str(path)
+        return 200, f"Success: LoRA adapter '{name}' added successfully."
+
+    def unload(self, body: dict[str, Any]) -> tuple[int, str | dict[str, Any]]:
+        name = body.get("lora_name")
+        if not name:
+            return _error(400, "'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput")
+        if name not in self.modules:
+            return _error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+        del self.modules[name]
+        if name in self.slots:
+            self.slots.remove(name)
+        return 200, f"Success: LoRA adapter '{name}' removed successfully."
+
+
+def _error(status: int, message: str, err_type: str) -> tuple[int, dict[str, Any]]:
+    return status, ApiError(status, message, err_type).body()
+
+
+def from_args(ignored: list[str], base: str) -> tuple[Adapters | None, list[str]]:
+    """The adapters the LoRA flags among `ignored` (what the simulator's own parser left) ask for, and the
+    rest. None without --enable-lora (vLLM then serves no adapter)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--max-loras", type=int, default=1)
+    p.add_argument("--max-lora-rank", type=int, default=16)
+    p.add_argument("--lora-modules", nargs="+", default=[])
+    args, rest = p.parse_known_args(ignored)
+    if not args.enable_lora:
+        return None, ignored
+    modules: dict[str, str] = {}
+    for m in args.lora_modules:
+        if m.lstrip().startswith("{"):  # vLLM also takes JSON {"name", "path", "base_model_name"}
+            d = json.loads(m)
+            modules[d["name"]] = d["path"]
+        else:
+            name, _, path = m.partition("=")
+            modules[name] = path
+    return Adapters(base, max(1, args.max_loras), modules), rest
+
+
+def add_routes(app: web.Application, adapters: Adapters, registry: CollectorRegistry | None = None) -> None:
+    """The runtime load/unload endpoints (vLLM has them with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and
+    the lora_requests_info gauge (value: the time of the last change, labels: the state)."""
+
+    async def body_of(request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = {}
+        return body if isinstance(body, dict) else {}
+
+    async def load(request: web.Request) -> web.Response:
+        status, out = adapters.load(await body_of(request))
+        return web.json_response(out, status=status) if isinstance(out, dict) else web.Response(text=out)
+
+    async def unload(request: web.Request) -> web.Response:
+        status, out = adapters.unload(await body_of(request))
+        return web.json_response(out, status=status) if isinstance(out, dict) else web.Response(text=out)
+
+    app.router.add_post("/v1/load_lora_adapter", load)
+    app.router.add_post("/v1/unload_lora_adapter", unload)
+    if registry is not None:
+        info = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
+                     ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=registry)
+        last: list[tuple[str, str, str]] = []
+
+        def refresh() -> None:
+            labels = (str(adapters.max_loras), ",".join(sorted(+adapters.running)),
+                      ",".join(sorted(+adapters.waiting)))
+            if last and last[0] != labels:
+                info.remove(*last[0])
+            last[:] = [labels]
+            info.labels(*labels).set_to_current_time()
+
+        refresh()
+        adapters.on_change = refresh
