@@ -85,6 +85,16 @@ _spec = st.fixed_dictionaries({
 })
 
 
+LORA_SPECS: list[dict[str, Any]] = [
+    {"provider": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "gpu": {"product": "H100-80GB"},
+     "engine": {"maxLoras": 4, "maxLoraRank": 64, "extraArgs": ["--max-cpu-loras=8"]},
+     "adapters": [{"name": "sql", "source": {"huggingFace": "org/sql-lora"}, "rank": 64},
+                  {"name": "style", "source": {"pvc": {"name": "loras", "subPath": "style"}}}]},
+    {"provider": "vllm", "model": "Qwen/Qwen3-8B", "gpu": {"product": "H100-80GB", "count": 2},
+     "adapters": [{"name": "one", "source": {"path": "/models/one"}}]},
+]
+
+
 def sample_argvs() -> list[tuple[str, list[str]]]:
     """(where it came from, argv) for the examples and a deterministic hypothesis sample."""
     found: list[tuple[str, list[str]]] = []
@@ -92,6 +102,10 @@ def sample_argvs() -> list[tuple[str, list[str]]]:
         spec = GPUUpstreamSpec.model_validate(doc["spec"])
         if spec.self_hosted and (argv := rendered(doc["metadata"]["name"], spec)):
             found.append((f"examples: {doc['metadata']['name']}", argv))
+
+    for body in LORA_SPECS:  # LoRA adapters: --enable-lora --max-loras --max-lora-rank --lora-modules a=p b=q
+        if argv := rendered("lora", GPUUpstreamSpec.model_validate(body)):
+            found.append((json.dumps(body, sort_keys=True), argv))
 
     @settings(max_examples=80, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
