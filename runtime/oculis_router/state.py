@@ -376,4 +376,7 @@ def describe(runtime: Runtime) -> list[dict[str, Any]]:
                                   "classifier": classifier_label(rr.route)} for r, rr in runtime.routes.items()]
     out += [{"id": u.name, "object": "model", "owned_by": u.provider, "kind": "upstream", "model": u.model}
             for u in runtime.upstreams.values()]
+    # each adapter as a client names it (oculis_router.adapters): <upstream>/<adapter>, its parent the upstream
+    out += [{"id": f"{u.name}/{a}", "object": "model", "owned_by": u.provider, "kind": "adapter", "parent": u.name}
+            for u in runtime.upstreams.values() for a in u.adapters or []]
     return out

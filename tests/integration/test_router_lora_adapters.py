@@ -77,6 +77,8 @@ def test_the_router_sends_the_adapter_as_the_model(sim: str, tmp_path: Path) -> 
         assert unknown.status_code == 404
         assert "its adapters: sql, support" in unknown.json()["error"]["message"]
         assert ask("qwen/billing").status_code == 404
+        listed = {m["id"]: m for m in httpx.get(f"{url}/v1/models").json()["data"]}
+        assert listed["qwen/sql"]["parent"] == "qwen" and listed["qwen/sql"]["kind"] == "adapter"
         lines = [json.loads(line) for line in log.read_text().splitlines()]
         assert lines[0]["adapter"] == "sql"
         metrics = httpx.get(f"http://127.0.0.1:{mport}/metrics").text
