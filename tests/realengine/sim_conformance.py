@@ -71,6 +71,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("completions logprobs", "/v1/completions", _comp(max_tokens=4, logprobs=2)),
     Probe("completions echo", "/v1/completions", _comp(max_tokens=4, echo=True)),
     Probe("completions stream", "/v1/completions", _comp(max_tokens=4, stream=True)),
+    Probe("completions two prompts", "/v1/completions", {**_comp(max_tokens=3, n=2), "prompt": ["Once", "Upon"]}),
     Probe("completions logprobs stream", "/v1/completions", _comp(max_tokens=4, logprobs=1, stream=True)),
     Probe("completions cut at max_model_len", "/v1/completions",
           {"model": MODEL, "prompt": [100] * 500, "max_tokens": 100, "ignore_eos": True}),
