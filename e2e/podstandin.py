@@ -112,7 +112,8 @@ def kv_events_override(pod: PodView, port: int) -> str | None:
         cfg = json.loads(rendered)
     except ValueError:
         return None
-    return json.dumps({**cfg, "endpoint": f"tcp://{LOOPBACK}:{port}"}, sort_keys=True, separators=(",", ":"))
+    # a wildcard is bound (vLLM connects to an explicit address instead); the router dials 127.0.0.1:port
+    return json.dumps({**cfg, "endpoint": f"tcp://*:{port}"}, sort_keys=True, separators=(",", ":"))
 
 
 def sim_argv(oculis: str, pod: PodView, port: int, gpu: str | None, kv_port: int | None = None) -> list[str]:

@@ -122,7 +122,7 @@ def test_a_pod_publishing_kv_events_publishes_on_its_own_loopback_port_listed_in
     publishing = view(obj)
     argv = ps.sim_argv("oculis", publishing, 41000, None, 41001)
     last = json.loads(argv[-1].split("=", 1)[1])  # argparse keeps the last one
-    assert last == {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:41001", "publisher": "zmq",
+    assert last == {"enable_kv_cache_events": True, "endpoint": "tcp://*:41001", "publisher": "zmq",
                     "topic": "kv"}
     assert ps.sim_argv("oculis", view(pod("b")), 41000, None, 41001)[-1] == "41000"  # no publisher: nothing added
     doc = ps.endpoint_map([ps.Serving(publishing, 41000, 1, "tcp://127.0.0.1:41001")])
