@@ -132,7 +132,8 @@ def from_args(ignored: list[str], base: str) -> tuple[Adapters | None, list[str]
 
 def add_routes(app: web.Application, adapters: Adapters, registry: CollectorRegistry | None = None) -> None:
     """The runtime load/unload endpoints (vLLM has them with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and
-    the lora_requests_info gauge (value: the time of the last change, labels: the state)."""
+    the lora_requests_info gauge (value: the time of the last change, labels: the state). A request for an
+    adapter not loaded is vLLM's 404 listing only the base names ("Valid aliases: tiny.", measured)."""
 
     async def body_of(request: web.Request) -> dict[str, Any]:
         try:
@@ -154,15 +155,10 @@ def add_routes(app: web.Application, adapters: Adapters, registry: CollectorRegi
     if registry is not None:
         info = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
                      ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=registry)
-        last: list[tuple[str, str, str]] = []
 
-        def refresh() -> None:
-            labels = (str(adapters.max_loras), ",".join(sorted(+adapters.running)),
-                      ",".join(sorted(+adapters.waiting)))
-            if last and last[0] != labels:
-                info.remove(*last[0])
-            last[:] = [labels]
-            info.labels(*labels).set_to_current_time()
+        def refresh() -> None:  # vLLM keeps every label set it has shown, each at the time it last held
+            info.labels(str(adapters.max_loras), ",".join(sorted(+adapters.running)),
+                        ",".join(sorted(+adapters.waiting))).set_to_current_time()
 
         refresh()
         adapters.on_change = refresh

@@ -255,7 +255,7 @@ class SimServer:
         names, lora = self.settings.served_names, self.lora
         adapter = body.get("model") if lora and isinstance(body, dict) and body.get("model") in lora.modules else None
         try:
-            gen = parse(body, chat, names + (lora.names() if lora else ()), self.settings.max_model_len,
+            gen = parse(body, chat, names + ((adapter,) if adapter else ()), self.settings.max_model_len,
                         request.headers.get("X-Request-Id"))
         except ApiError as err:
             return error_response(err)
