@@ -99,8 +99,11 @@ def test_the_operator_watches_what_the_values_say_and_runs_alone(helm_bin: Path)
     role = next(d for d in rendered(helm_bin, "operator.watchNamespaces={demo,prod}") if d["kind"] == "ClusterRole")
     assert role["metadata"]["annotations"]["oculis.dev/watch-namespaces"] == "demo,prod"
     router_only = rendered(helm_bin, "operator.enabled=false")
-    assert {d["kind"] for d in router_only} == {"Deployment", "Service"}
+    # The router's own ServiceAccount and namespaced Role (list/watch EndpointSlices) pick its replicas.
+    assert {d["kind"] for d in router_only} == {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding"}
     assert all("operator" not in d["metadata"]["name"] for d in router_only)
+    bare = rendered(helm_bin, "operator.enabled=false", "router.replicaDiscovery=false")
+    assert {d["kind"] for d in bare} == {"Deployment", "Service"}
 
 
 def test_router_replicas_share_redis_from_a_secret_or_a_url(helm_bin: Path) -> None:
