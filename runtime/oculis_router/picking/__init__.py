@@ -24,7 +24,7 @@ approximate memory itself. Reasons: `prefix` (the longest cached prefix won), `l
 prefix, or the prefix holder was saturated),
 `fallback` (kv-events scored a silent replica from the approximate memory), `random`, `round-robin`.
 Determinism: the same seed, states and calls give the same picks. `picker.py` documents the strategies
-and the saturation guard; `hashing.py` what is hashed when the router has only text; `events.py` vLLM's
+and the saturation and TTFT guards; `hashing.py` what is hashed when the router has only text; `events.py` vLLM's
 KV-event schema; `kvwire.py` its msgpack/ZMQ framing (needs msgpack, the router/sim extras).
 """
 

@@ -22,7 +22,12 @@ prefill already queued there, which stalls the requests running there as long, p
 reads the replica's context every step and is read by the requests there. So a long cached prefix holds
 a request (its prefill saving is multiplied by everyone it would stall) until the prefill queued there,
 or the decode load of a long answer, outweighs it, and then load decides; ties go to the less loaded
-replica. No constant is tuned: the only conversion, prefill seconds per token over KV-read seconds per
+replica. TTFT guard: a cached prefix counts only on a replica where this request's own wait (the prefill
+queued there plus its uncached prefill, plus one step reading the replica's context) is within one such
+step of the fastest replica's; elsewhere the replica is costed as if it held nothing. Without it the fleet
+cost (which multiplies a hit's saving by everyone it would stall) kept a request on a short cached prefix
+behind a prefill it then waited out itself (the short-prefix control of bench/endpoint_picking.py). No
+constant is tuned: the only conversion, prefill seconds per token over KV-read seconds per
 context token (`prefill_token_s / context_token_s`), is the replica's step-time model (the fleet simulator
 passes its engine's; a router without it uses DEFAULT_PREFILL_RATIO).
 """
@@ -187,8 +192,7 @@ class Picker:
             there reads this one's.
         One prefill token costs `prefill_token_s / context_token_s` context-token reads: the replica's own
         step-time model (compute-bound prefill vs bandwidth-bound KV reads), 400-1,600 across models and GPUs."""
-        p, d = r.prefill_token_s, r.context_token_s
-        ratio = p / d if p and d else DEFAULT_PREFILL_RATIO
+        ratio = self._ratio(r)
         out = req.expected_output_tokens
         busy = r.requests
         ctx = max(float(r.context_tokens), r.running * self.mean_context)
@@ -196,15 +200,40 @@ class Picker:
         decode = out * (ctx + (req.prompt_tokens + out / 2) * busy)
         return prefill + decode
 
+    def wait(self, r: ReplicaState, uncached: int) -> float:
+        """This request's own time to first token on r, in the same context-token reads as `cost`: the
+        prefill queued ahead of it there plus its own uncached prefill, in steps that also read r's context."""
+        return self._ratio(r) * (self.queue_tokens(r) + uncached) + self.step(r)
+
+    def step(self, r: ReplicaState) -> float:
+        """One decode step of r in context-token reads: what it reads per step (the router's context held
+        there, or the running requests at the mean context), at least one mean request's context."""
+        return max(float(r.context_tokens), r.running * self.mean_context, self.mean_context)
+
+    def _ratio(self, r: ReplicaState) -> float:
+        p, d = r.prefill_token_s, r.context_token_s
+        return p / d if p and d else DEFAULT_PREFILL_RATIO
+
     def _by_prefix(self, req: PickRequest, cands: list[ReplicaState]) -> tuple[ReplicaState, Reason, int]:
         hits, fallback = self.matches(req, cands)
         bs = self.block_size
+        uncached_of: dict[str, int] = {}
+        for r in cands:
+            uncached_of[r.id] = req.prompt_tokens - min(hits.get(r.id, 0) * bs, max(req.prompt_tokens - 1, 0))
+        sat = {r.id: self.saturated(r, uncached_of[r.id], req) for r in cands}
+        # TTFT guard: the fleet cost multiplies a cached prefix's saving by every request it would stall, so
+        # alone it keeps a request on a short hit behind a queued prefill it then waits out itself. A cached
+        # prefix counts only on a replica where this request's own wait is within one decode step of the
+        # fastest replica's (the replica's step-time model, no tuned constant); elsewhere the replica is
+        # costed as if it held nothing, so load (prefill queue, decode reads) still decides there.
+        waits = {r.id: self.wait(r, uncached_of[r.id]) for r in cands}
+        fastest = min(cands, key=lambda r: (sat[r.id], waits[r.id]))
+        bar = waits[fastest.id] + self.step(fastest)
         best: tuple[bool, float, float] | None = None
         chosen: list[ReplicaState] = []
         for r in cands:
-            hit_tokens = min(hits.get(r.id, 0) * bs, max(req.prompt_tokens - 1, 0))
-            uncached = req.prompt_tokens - hit_tokens
-            key = (self.saturated(r, uncached, req), self.cost(r, uncached, req), r.requests)
+            uncached = uncached_of[r.id] if waits[r.id] <= bar else req.prompt_tokens
+            key = (sat[r.id], self.cost(r, uncached, req), r.requests)
             if best is None or key < best:
                 best, chosen = key, [r]
             elif key == best:

@@ -199,3 +199,25 @@ def test_a_long_expected_output_weighs_decode_load_against_the_prefix() -> None:
     assert pick(2) == "a"
     # 200 out: a's context is read 200 times and this request by a's 3 others: 8,000 + 200 x 860 > 10,000
     assert pick(200) == "b"
+
+
+def test_a_short_hit_behind_a_queued_prefill_loses_to_a_replica_without_a_queue_a_long_hit_still_wins() -> None:
+    # a and b each run 3 requests (500 context tokens); a also has a 40-token prefill queued; 1 prefill token
+    # = 500 context-token reads; no output, so only prefill counts
+    cost = {"prefill_token_s": 40e-6, "context_token_s": 80e-9}
+    a = ReplicaState("a", block_size=BS, in_flight=3, queued_tokens=40, context_tokens=500, **cost)  # type: ignore[arg-type]
+    b = ReplicaState("b", block_size=BS, in_flight=3, context_tokens=500, **cost)  # type: ignore[arg-type]
+
+    def pick(prefix: list[int], question: int) -> str:
+        p = Picker("prefix", block_size=BS)
+        p.memory.remember("a", block_hashes(prefix, BS), None)
+        got = p.pick(req([*prefix, *range(1, question + 1)]), [a, b])
+        assert got is not None
+        return got.replica
+
+    # 16 of 36 tokens cached on a. Fleet cost alone: a 500 x (40 + 20 x 4) = 60,000 < b 500 x 36 x 4 = 72,000,
+    # the 16 saved tokens counted for all 4 it would stall. Its own wait: a 500 x (40 + 20) + 500 = 30,500,
+    # b 500 x 36 + 500 = 18,500, over one step (500) worse: a's hit does not count there, and b wins
+    assert pick(PREFIX, 20) == "b"
+    # 64 of 68 cached: a's wait 500 x (40 + 4) + 500 = 22,500 beats b's 34,500, so the hit counts and wins
+    assert pick(list(range(100, 164)), 4) == "a"
