@@ -187,6 +187,9 @@ def test_a_minimum_the_pool_cannot_place_names_the_pool_and_the_shortfall(world:
     cond = eventually(waiting, timeout=120, what="Progressing=True WaitingForGPUs")
     assert cond is not None and cond["status"] == "True"
     assert "H100-80GB pool" in cond["message"] and "short" in cond["message"]
+    # The operator writes the status before it creates the workload (a refused write must not leave a
+    # stale Ready), so the Deployment may follow the condition by a moment.
+    eventually(lambda: world.deployment("wide"), timeout=60, what="Deployment wide-vllm")
     assert replicas(world, "wide") <= 2  # never asks for a replica no node can host
     events = world.core.list_namespaced_event(world.ns, field_selector="reason=WaitingForGPUs").items
     time.sleep(5)  # five more evaluations

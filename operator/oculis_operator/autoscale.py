@@ -89,7 +89,9 @@ class Decision:
     state: State
     metrics_ok: bool  # ScalingActive: the figures were complete and fresh
     shortfall: int = 0  # replicas wanted beyond what the pool can place now
-    wait: str = ""  # the shortfall in stable words (gpu_wait_text), reported once while it lasts
+    wait: str = ""  # the shortfall with its figures (gpu_wait_text), for the Progressing condition
+    # The shortfall in words that do not move while it lasts (gpu_wait_event): the one Event it gets.
+    wait_event: str = ""
 
 
 def recommend(policy: Policy, sample: Sample, demand: float | None) -> int:
@@ -184,13 +186,21 @@ def _bounded(target: int, reason: str, message: str, state: State, ok: bool, pla
     short = target - cap
     wait = gpu_wait_text(pool, target, cap)
     return Decision(cap, "WaitingForGPUs", f"{message}; {wait}", capped_state or state, ok, shortfall=short,
-                    wait=wait)
+                    wait=wait, wait_event=gpu_wait_event(pool, target))
 
 
 def gpu_wait_text(pool: str, target: int, cap: int) -> str:
-    """The shortfall in words that do not change while it lasts, so it is reported once, not per evaluation."""
+    """The shortfall with what the pool can place now (the condition: it may move while the shortfall lasts)."""
     return (f"wants {target} replicas but the {pool or 'GPU'} pool can place {cap} now, {target - cap} short: "
             "waiting for free GPUs of that product (add nodes or free GPUs)")
+
+
+def gpu_wait_event(pool: str, target: int) -> str:
+    """The shortfall in words that do not change while it lasts, so its Event is posted once, not per
+    evaluation: what the pool can place moves with other tenants' pods (a namespace still terminating
+    frees its GPUs a few seconds later), which is no new shortfall."""
+    return (f"wants {target} replicas but the {pool or 'GPU'} pool cannot place them all now: waiting for free "
+            "GPUs of that product (add nodes or free GPUs; the Progressing condition says how many are short)")
 
 
 def _metrics_problem(sample: Sample | None, ready: int, now: float) -> tuple[str, str] | None:

@@ -262,7 +262,7 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
     if scaled is not None and scaled.wait:
         # A scale-up the pool cannot place: asked for what fits, the rest reported (once: stable words).
         conds.set("Progressing", "True", "WaitingForGPUs", scaled.wait)
-        out.warnings.append(("WaitingForGPUs", scaled.wait))
+        out.warnings.append(("WaitingForGPUs", scaled.wait_event or scaled.wait))
     if not done and pool is not None:
         problem = unhostable(spec, pool(product.gfd_product))
         if problem:

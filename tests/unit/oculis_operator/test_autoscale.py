@@ -110,6 +110,17 @@ def test_wait_for_gpus_names_the_pool_and_the_shortfall() -> None:
     assert again.message.split("; ")[-1] == d.message.split("; ")[-1]
 
 
+def test_the_shortfall_event_keeps_its_words_while_the_pool_frees_gpus() -> None:
+    # Another tenant's pods (a namespace still terminating) leave the pool: the condition's figures move,
+    # the Event's words do not, so the one shortfall is posted once.
+    P3 = Policy(**{**P.__dict__, "min_replicas": 3})
+    busy = decide(P3, 0, 0, None, None, State(), NOW, 1, pool="H100-80GB")
+    freed = decide(P3, 1, 0, None, None, busy.state, NOW + 3, 2, pool="H100-80GB")
+    assert (busy.reason, freed.reason) == ("WaitingForGPUs", "WaitingForGPUs")
+    assert "2 short" in busy.wait and "1 short" in freed.wait
+    assert busy.wait_event == freed.wait_event and "H100-80GB pool" in busy.wait_event
+
+
 def test_placeable_counts_free_gpu_sets_per_node() -> None:
     def node(name: str, gpus: int, product: str = "NVIDIA-H100-80GB-HBM3", unschedulable: bool = False) -> dict:
         return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},
