@@ -167,7 +167,8 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
             push(run_.ends[-1], _STEP, (r, r.gen))
             return
         res = r.core.step(t)
-        if not res.plan.scheduled:  # cannot happen while max_model_len fits the cache; never spin on it
+        # a step that only preempted is progress; one that could never schedule its head is not
+        if not res.plan.scheduled and (not res.plan.preempted or r.core.scheduler.refuse_unfittable()):
             raise RuntimeError("engine made no progress: a request needs more KV blocks than exist")
         r.res = res
         push(res.end, _STEP, (r, r.gen))

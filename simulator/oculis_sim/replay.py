@@ -117,7 +117,8 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
                 continue
             break
         res = core.step(t)
-        if not res.plan.scheduled:  # cannot happen while max_model_len fits the cache; never spin on it
+        # a step that only preempted is progress; one that could never schedule its head is not
+        if not res.plan.scheduled and (not res.plan.preempted or core.scheduler.refuse_unfittable()):
             raise RuntimeError("engine made no progress: a request needs more KV blocks than exist")
         for req in res.plan.admitted:
             if not req.preemptions:  # first admission (a preempted one is re-admitted later)

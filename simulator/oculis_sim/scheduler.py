@@ -163,6 +163,20 @@ class Scheduler:
             return
         self._free(req, preempted=False)
 
+    def refuse_unfittable(self) -> Request | None:
+        """After a step that scheduled nothing: the waiting head if nothing runs and its whole sequence needs
+        more KV blocks than the cache has, taken out (it could never run; the driver refuses it) so the
+        requests behind it go on. None otherwise: a step that only preempted, or a head that waits for blocks
+        running requests hold, is not stuck (it is admitted once they free them)."""
+        if self.running or not self.waiting:
+            return None
+        req = self.waiting[0]
+        if -(-req.num_tokens // self.block) <= self.pool.total:
+            return None
+        self.waiting.popleft()
+        self._free(req, preempted=False)
+        return req
+
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 

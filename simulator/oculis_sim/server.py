@@ -106,8 +106,15 @@ class SimServer:
             # after idling, or if we fell far behind, it starts now.
             start = t if now - t < 0.05 else now
             res = core.step(start)
-            if not res.plan.scheduled:  # cannot happen while max_model_len fits the cache; never spin on it
-                raise RuntimeError("engine made no progress: a request needs more KV blocks than exist")
+            if not res.plan.scheduled:  # one request cannot kill the loop: refuse it, the others go on
+                stuck = core.scheduler.refuse_unfittable()
+                if stuck is not None:
+                    self._refuse(stuck, res.end)
+                elif not res.plan.preempted:  # nothing changed (a bug): never spin on it, never hang the rest
+                    print("oculis sim serve: a step scheduled nothing; retrying", file=sys.stderr, flush=True)
+                    await asyncio.sleep(0.01)
+                t = res.end
+                continue
             self._admitted(res.plan.admitted, res.plan.scheduled, start)
             if self.kv is not None:
                 self.kv.publish(core)
@@ -196,6 +203,16 @@ class SimServer:
             prompt_tokens=ch.prompt.n, cached_tokens=ch.cached, generation_tokens=ch.pos,
             max_tokens=ch.max_output if ch.prompt.max_tokens is None else ch.prompt.max_tokens, n=call.gen.n,
             preemptions=req.preemptions))
+
+    def _refuse(self, req: Request, end: float) -> None:
+        """A sequence that needs more KV blocks than the cache has: it ends now (finish reason abort, as vLLM
+        ends a request it drops) instead of hanging every request behind it."""
+        ch = req.sink
+        req.max_output = req.num_output
+        if isinstance(ch, Choice) and not ch.done.done():
+            ch.finish_reason = "abort"
+            self._observe(ch, req, end)
+            ch.done.set_result(None)
 
     def _abort(self, call: Call) -> None:
         """The client left: stop generating for it (vLLM aborts the request) and count it as aborted."""
