@@ -137,7 +137,9 @@ def test_compare_passes_an_unchanged_engine_and_fails_one_that_halves_throughput
     code, doc, err = bench(stack, stack.slow, tmp_path, "--compare", str(base))
     assert (code, doc["verdict"]) == (3, "FAIL"), doc.get("reasons")
     d = doc["delta"]["throughput_tok_s"]
-    assert d["status"] == "regressed" and d["change_pct"] < -30  # half the slots busy: about half the tokens/s
+    # Half the slots: clearly fewer tokens/s. How much fewer depends on how saturated the simulated engine is
+    # at this rate under the engine version's step times (about -24 % with vLLM >= 0.12's async scheduling).
+    assert d["status"] == "regressed" and d["change_pct"] < -15
     assert doc["reasons"][0].startswith("throughput_tok_s")
 
     code, doc, err = bench(stack, stack.fast, tmp_path, "--compare", str(base), "--seed", "7")
