@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(not data_dir().exists(), reason="routing data (.
 def test_fitted_head_beats_the_base_on_subjects_it_never_saw(tmp_path: Path) -> None:
     rows = [r for r in load_rows() if r.dataset == "mmlu"]
     packaged = classify.ComplexityClassifier.packaged(cache_ttl_seconds=0).head
-    with np.load(classify.data_path(f"{classify.DEFAULT_MODEL}.npz")) as z:
+    with np.load(classify.model_file(classify.DEFAULT_MODEL)) as z:
         fold_of = dict(zip(z["fold_groups"].tolist(), z["fold_index"].tolist(), strict=True))
     results = []
     for k in range(5):
