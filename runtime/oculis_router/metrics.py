@@ -31,6 +31,21 @@ class Metrics:
         self.adapter_requests = Counter("oculis_adapter_requests", "Requests for a LoRA adapter, by route (or "
                                         "upstream named directly), upstream and adapter", ["route", "upstream",
                                                                                           "adapter"], registry=r)
+        # What a platform engineer asks per adapter (labels bounded by the config, as above): what it cost, in
+        # tokens and dollars (also counted in the per-upstream counters below, which stay as they are), and
+        # what its replica picks met: its adapter already running there (active), a free LoRA slot (free), or
+        # every slot held by other adapters (wait: the request queues in the engine for a slot).
+        self.adapter_prompt_tokens = Counter("oculis_adapter_prompt_tokens", "Prompt tokens of calls for a LoRA "
+                                             "adapter", ["upstream", "adapter"], registry=r)
+        self.adapter_completion_tokens = Counter("oculis_adapter_completion_tokens", "Completion tokens of calls "
+                                                 "for a LoRA adapter", ["upstream", "adapter"], registry=r)
+        self.adapter_cost = Counter("oculis_adapter_cost_dollars", "Estimated cost of calls for a LoRA adapter "
+                                    "(part of oculis_cost_dollars_total of its upstream)", ["upstream", "adapter"],
+                                    registry=r)
+        self.adapter_picks = Counter("oculis_adapter_picks", "Replica picks for a LoRA adapter by what the chosen "
+                                     "replica's LoRA slots meant: active (it runs there), free (a slot was free), "
+                                     "wait (every slot held by other adapters)", ["upstream", "adapter", "slot"],
+                                     registry=r)
         self.answers_replaced = Counter("oculis_answers_replaced", "Answers a tier produced that a later tier's "
                                         "replaced (escalation.on_answer)", ["route", "tier", "upstream", "reason"],
                                         registry=r)

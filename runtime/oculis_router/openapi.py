@@ -123,7 +123,8 @@ _GENERATION_ERRORS = {
     "431": _error("the request headers are larger than server.max_header_bytes"),
     "500": _error("an internal router error (logged by the router)"),
     "502": _error("every tier failed (`error.code` says how the last one failed)"),
-    "503": _error("no config loaded yet, or no tier can be reached"),
+    "503": _error("no config loaded yet, no tier can be reached, or no replica has the LoRA adapter asked for loaded "
+                  "yet (code adapter_not_loaded, with Retry-After)"),
     "504": _error("every tier timed out"),
 }
 _ANY_ERRORS = {k: v for k, v in _GENERATION_ERRORS.items() if k in ("401", "404", "405", "431", "500")}

@@ -13,6 +13,11 @@ of them, leases one per attempt and learns from the outcome.
   replica set aside the picker still picks among them: a request is never refused for it.
 - An upstream with no replica source (a hosted provider, a plain base_url) is called at its
   base_url as before: its Service spreads connections.
+- LoRA adapters (`picking/lora.py`): a call for an adapter goes only to replicas whose engine lists it
+  (their `/v1/models`, read every `replicas.MODELS_S`), weighing each one's `maxLoras` slots (the scraped
+  `vllm:lora_requests_info` plus the adapters of the router's own calls in flight there). When no replica
+  of the revision lists it, `AdapterMissing` says so (the caller makes it a 503 with Retry-After, or the
+  next tier), never a call that vLLM would answer with a 404.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,13 +35,16 @@ from oculis_router.metrics import Metrics
 from oculis_router.picking import (
     DEFAULT_BLOCK_SIZE,
     PREFIX_STRATEGIES,
+    LoraSlots,
     Pick,
     Picker,
     PickRequest,
     ReplicaState,
+    adapter_root,
     approx_token_ids,
     block_hashes,
     chat_parts,
+    holders,
 )
 
 log = logging.getLogger("oculis.router")
@@ -60,15 +69,41 @@ class Replica:
     block_size: int | None = None
     aside_until: float = 0.0
     draining: bool = False
+    serves_adapters: bool = False  # its upstream declares LoRA adapters: its /v1/models is read (replicas.py)
+    adapters: frozenset[str] | None = None  # the adapters its engine lists (None: not read yet)
+    models_read_at: float = 0.0  # monotonic time of that read
+    lora_slots: LoraSlots = field(default_factory=LoraSlots)  # its vllm:lora_requests_info, scraped
+    in_flight_adapters: Counter[str] = field(default_factory=Counter)  # adapters of the router's calls there
 
     def state(self, now: float, aside_ok: bool) -> ReplicaState:
-        g = self.gauges
+        g, lora = self.gauges, self.lora_slots
         return ReplicaState(self.id, self.revision, in_flight=self.in_flight, in_flight_tokens=self.in_flight_tokens,
                             queued_tokens=self.queued_tokens, waiting=g.get("waiting", 0.0),
                             running=g.get("running", 0.0), kv_usage=g.get("kv_usage", 0.0), kv_blocks=self.kv_blocks,
                             block_size=self.block_size or DEFAULT_BLOCK_SIZE,
                             ready=aside_ok or self.aside_until <= now, draining=self.draining,
-                            context_tokens=self.context_tokens)
+                            context_tokens=self.context_tokens, adapters=self.adapters, lora_running=lora.running,
+                            lora_waiting=lora.waiting, in_flight_adapters=frozenset(+self.in_flight_adapters),
+                            max_loras=lora.max_loras)
+
+
+class AdapterMissing(Exception):
+    """No replica of the revision lists the adapter a call asks for (vLLM would answer 404): the caller
+    turns it into a 503 with Retry-After (the adapter is declared: the operator may still be loading it)
+    or the next tier."""
+
+    def __init__(self, upstream: str, adapter: str, revision: str, listed: list[frozenset[str] | None]) -> None:
+        seen = sorted({a for names in listed for a in names or ()})
+        super().__init__(f"adapter {adapter!r} is loaded on none of the {len(listed)} {revision} replicas of "
+                         f"upstream {upstream!r} (they list: {', '.join(seen[:20]) or 'no adapter'}); its "
+                         "GPUUpstream status says whether it is still loading or failed")
+        self.upstream, self.adapter = upstream, adapter
+
+
+def adapter_of(up: Upstream) -> str | None:
+    """The LoRA adapter a call to `up` asks for: its model when that is one of its adapters (adapters.with_adapter
+    sets it so), else None (the base model)."""
+    return up.model if up.adapters and up.model in up.adapters else None
 
 
 @dataclass
@@ -81,6 +116,7 @@ class Lease:
     tokens: int  # KV tokens the request holds there (uncached prompt + expected output)
     queued: int  # its prefill still ahead of its first token
     context: int  # prompt + expected output
+    adapter: str | None = None  # the LoRA adapter it asked for (counted in the replica's in-flight adapters)
     released: bool = False
 
     @property
@@ -108,14 +144,20 @@ class Lease:
         r.in_flight = max(0, r.in_flight - 1)
         r.in_flight_tokens = max(0, r.in_flight_tokens - self.tokens)
         r.context_tokens = max(0, r.context_tokens - self.context)
+        if self.adapter is not None:
+            r.in_flight_adapters[self.adapter] -= 1
+            if r.in_flight_adapters[self.adapter] <= 0:
+                del r.in_flight_adapters[self.adapter]
         self.pool.metrics.replica_in_flight.labels(self.pool.name, r.id).set(r.in_flight)
         if r.draining and r.in_flight == 0:
             self.pool.drop(r)
 
 
-def pick_request(body: dict[str, Any], endpoint: str, block_size: int, hashed: bool = True) -> PickRequest:
+def pick_request(body: dict[str, Any], endpoint: str, block_size: int, hashed: bool = True,
+                 adapter: str | None = None) -> PickRequest:
     """The request as the picker sees it: approximate token ids of its prompt (the same rendering the
-    engine simulator counts), their chained block hashes, and its expected output. Without `hashed`
+    engine simulator counts), their chained block hashes (an adapter's apart from the base model's, as
+    vLLM keeps them), its expected output and its LoRA adapter. Without `hashed`
     (strategies that ignore prefixes) the prompt is only sized, at ~4 characters a token: hashing a
     6,000-token prompt costs ~7 ms of the event loop, which only the prefix strategies repay."""
     if endpoint == "chat" or "messages" in body:
@@ -127,9 +169,9 @@ def pick_request(body: dict[str, Any], endpoint: str, block_size: int, hashed: b
     out = body.get("max_completion_tokens") or body.get("max_tokens")
     expected = out if isinstance(out, int) and not isinstance(out, bool) and out > 0 else DEFAULT_OUTPUT_TOKENS
     if not hashed:
-        return PickRequest((), sum(map(len, texts)) // 4, expected)
+        return PickRequest((), sum(map(len, texts)) // 4, expected, adapter)
     ids = approx_token_ids(texts)
-    return PickRequest(block_hashes(ids, block_size), len(ids), expected)
+    return PickRequest(block_hashes(ids, block_size, adapter_root(adapter)), len(ids), expected, adapter)
 
 
 class Pool:
@@ -157,6 +199,7 @@ class Pool:
                 log.info("upstream %s: replica %s (%s) joined at %s", self.name, rid, new.revision, new.url)
             else:  # back, or moved (a pod keeps its name, a map entry its port): take the new address
                 old.url, old.revision, old.kv_events, old.draining = new.url, new.revision, new.kv_events, False
+                old.serves_adapters = new.serves_adapters
         for rid, r in list(self.replicas.items()):
             if rid not in seen and not r.draining:
                 r.draining = True
@@ -173,17 +216,25 @@ class Pool:
     def block_size(self) -> int:
         return next((r.block_size for r in self.replicas.values() if r.block_size), DEFAULT_BLOCK_SIZE)
 
-    def lease(self, body: dict[str, Any], endpoint: str, revision: str, tried: set[str]) -> Lease | None:
+    def lease(self, body: dict[str, Any], endpoint: str, revision: str, tried: set[str],
+              adapter: str | None = None) -> Lease | None:
         """A replica of `revision` for this attempt (not one this call already tried, while another is
-        left), leased; None when the revision has no replica at all (then the base URL is called)."""
+        left), leased; None when the revision has no replica at all (then the base URL is called).
+        `adapter`: only replicas that list it (AdapterMissing when none does)."""
         members = self.members(revision)
         if not members:
             return None
+        now = time.monotonic()
+        if adapter is not None:
+            live = [r for r in members if not r.draining]
+            held = {s.id for s in holders(adapter, [r.state(now, True) for r in live])}
+            if not held:
+                raise AdapterMissing(self.name, adapter, revision, [r.adapters for r in live])
+            members = [r for r in members if r.id in held]
         bs = self.block_size()
         if self.picker.block_size != bs:  # the engines' block size, once scraped (hashes follow it)
             self.picker.block_size = self.picker.index.block_size = bs
-        req = pick_request(body, endpoint, bs, self.strategy in PREFIX_STRATEGIES)
-        now = time.monotonic()
+        req = pick_request(body, endpoint, bs, self.strategy in PREFIX_STRATEGIES, adapter)
         fresh = [r for r in members if r.id not in tried and not r.draining]
         cands = fresh or [r for r in members if not r.draining] or members
         states = [r.state(now, aside_ok=False) for r in cands]
@@ -200,10 +251,14 @@ class Pool:
         r.context_tokens += req.prompt_tokens + req.expected_output_tokens
         m = self.metrics
         m.picks.labels(self.name, self.strategy, p.reason).inc()
+        if adapter is not None:
+            r.in_flight_adapters[adapter] += 1
+            m.adapter_picks.labels(self.name, adapter, p.slot or "free").inc()
         m.replica_in_flight.labels(self.name, r.id).set(r.in_flight)
         m.pick_prompt_tokens.labels(self.name).inc(req.prompt_tokens)
         m.pick_cached_tokens.labels(self.name).inc(cached)
-        return Lease(self, r, p, tokens, req.prompt_tokens - cached, req.prompt_tokens + req.expected_output_tokens)
+        return Lease(self, r, p, tokens, req.prompt_tokens - cached, req.prompt_tokens + req.expected_output_tokens,
+                     adapter)
 
 
 class Fleet:
@@ -241,4 +296,4 @@ class Fleet:
         if tried and self.refresh is not None:
             self.refresh()
         pool = self.pool(up)
-        return None if pool is None else pool.lease(body, endpoint, revision, tried)
+        return None if pool is None else pool.lease(body, endpoint, revision, tried, adapter_of(up))

@@ -19,6 +19,7 @@ from oculis import Upstream
 from oculis_router import cache as rcache
 from oculis_router.limits_store import Hold
 from oculis_router.metrics import Metrics
+from oculis_router.pick import adapter_of
 from oculis_router.sse import StreamCollector, generated_text, without_usage_chunks
 from oculis_router.streamcheck import EventGate, MalformedStream
 from oculis_router.upstreams import IdleTimeout, Stream
@@ -70,7 +71,12 @@ def account(metrics: Metrics, up: Upstream, usage: dict[str, Any] | None, hold: 
     metrics.completion_tokens.labels(up.name).inc(u.completion)
     metrics.cached_tokens.labels(up.name).inc(u.cached)
     metrics.cache_write_tokens.labels(up.name).inc(u.cache_written)
-    metrics.cost.labels(up.name).inc(cost_dollars(up.pricing, u))
+    dollars = cost_dollars(up.pricing, u)
+    metrics.cost.labels(up.name).inc(dollars)
+    if (adapter := adapter_of(up)) is not None:  # only declared adapters reach here: bounded labels
+        metrics.adapter_prompt_tokens.labels(up.name, adapter).inc(u.prompt)
+        metrics.adapter_completion_tokens.labels(up.name, adapter).inc(u.completion)
+        metrics.adapter_cost.labels(up.name, adapter).inc(dollars)
 
 
 async def relay(metrics: Metrics, resp: Stream, translator: Any, up: Upstream, t0: float, route_label: str,

@@ -11,13 +11,16 @@ An upstream with none of them is called at its base_url (its Service), as before
 
 The set is re-read every `SYNC_S` (a pod is a candidate well within 2 s of Ready); the engines'
 gauges every `SCRAPE_S`. A scrape that fails keeps the last figures: the router's own in-flight count
-still steers the pick.
+still steers the pick. For an upstream that declares LoRA adapters, each replica's `/v1/models` is read
+every `MODELS_S` (and as soon as it joins): the adapters its engine lists (entries with a `parent`) are
+the ones it can serve; `vllm:lora_requests_info` (its latest label set) says which run and wait.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -29,11 +32,13 @@ from oculis import RouterConfig, Upstream
 from oculis.router import EXTERNAL_PROVIDERS
 from oculis_router.endpoints import LOOPBACK, EndpointResolver
 from oculis_router.pick import Fleet, Replica
+from oculis_router.picking import LoraSlots, slots_from_labels
 
 log = logging.getLogger("oculis.router")
 SYNC_S = 0.25
 SCRAPE_S = 1.0
 SCRAPE_TIMEOUT_S = 0.8
+MODELS_S = 5.0  # how often a replica's adapter list (/v1/models) is re-read: adapters change rarely
 Found = dict[str, tuple[str, list[Replica]]]  # upstream -> (picker strategy, its replicas now)
 
 
@@ -78,16 +83,22 @@ def found(config: RouterConfig, resolver: EndpointResolver | None, slices: Slice
                 reps += listed
         if known:
             out[up.name] = (up.picker_name, reps)
+    for up in config.upstreams:  # its replicas' /v1/models say which adapters each one serves
+        for r in out.get(up.name, ("", []))[1]:
+            r.serves_adapters = bool(up.adapters)
     return out
 
 
-def engine_figures(text: str) -> tuple[dict[str, float], int | None, int | None]:
-    """(gauges waiting/running/kv_usage, block_size, num_gpu_blocks) from a vLLM /metrics page; sums
-    over the engine's label sets (one per served model name or data-parallel rank)."""
+def engine_figures(text: str) -> tuple[dict[str, float], int | None, int | None, LoraSlots | None]:
+    """(gauges waiting/running/kv_usage, block_size, num_gpu_blocks, LoRA slots) from a vLLM /metrics page;
+    sums over the engine's label sets (one per served model name or data-parallel rank). The LoRA slots
+    are `vllm:lora_requests_info`'s latest label set (vLLM keeps every set it has shown, each valued at the
+    time it last held); None without it (no --enable-lora)."""
     names = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
              "vllm:kv_cache_usage_perc": "kv_usage", "vllm:gpu_cache_usage_perc": "kv_usage"}
     gauges: dict[str, float] = {}
     block_size = blocks = None
+    lora: tuple[float, dict[str, str]] | None = None
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             key = names.get(s.name)
@@ -95,13 +106,24 @@ def engine_figures(text: str) -> tuple[dict[str, float], int | None, int | None]
                 gauges[key] = max(gauges.get(key, 0.0), s.value)
             elif key is not None:
                 gauges[key] = gauges.get(key, 0.0) + s.value
+            elif s.name == "vllm:lora_requests_info" and (lora is None or s.value > lora[0]):
+                lora = (s.value, s.labels)
             elif s.name == "vllm:cache_config_info" and block_size is None:
                 try:
                     block_size = int(s.labels.get("block_size", ""))
                     blocks = int(s.labels.get("num_gpu_blocks", ""))
                 except ValueError:
                     pass
-    return gauges, block_size, blocks
+    return gauges, block_size, blocks, None if lora is None else slots_from_labels(lora[1])
+
+
+def listed_adapters(payload: Any) -> frozenset[str]:
+    """The LoRA adapters a vLLM /v1/models answer lists: its entries with a `parent` (the base model's
+    have none). Raises ValueError for an answer that is no model list."""
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        raise ValueError("not a model list")
+    return frozenset(str(m["id"]) for m in data if isinstance(m, dict) and m.get("parent") and m.get("id"))
 
 
 def metrics_url(base_url: str) -> str:
@@ -118,12 +140,29 @@ async def scrape(http: aiohttp.ClientSession, r: Replica) -> None:
             if resp.status != 200:
                 return
             text = await resp.text()
-        gauges, block_size, blocks = engine_figures(text)
+        gauges, block_size, blocks, lora = engine_figures(text)
     except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError):
         return  # keep the last figures; the in-flight count still steers
     r.gauges = gauges
     if block_size:
         r.block_size, r.kv_blocks = block_size, blocks
+    if lora is not None:
+        r.lora_slots = lora
+    now = time.monotonic()
+    if r.serves_adapters and (r.adapters is None or now - r.models_read_at >= MODELS_S):
+        await read_adapters(http, r, now)
+
+
+async def read_adapters(http: aiohttp.ClientSession, r: Replica, now: float) -> None:
+    """The adapters r's engine lists (its /v1/models); a failed read keeps the last list."""
+    try:
+        async with http.get(f"{r.url}/models", timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)) as resp:
+            if resp.status != 200:
+                return
+            payload = await resp.json(content_type=None)
+        r.adapters, r.models_read_at = listed_adapters(payload), now
+    except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError):
+        return
 
 
 async def keep_synced(fleet: Fleet, config: Callable[[], RouterConfig], resolver: EndpointResolver | None,

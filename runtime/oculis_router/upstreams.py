@@ -41,7 +41,7 @@ from oculis import Timeouts, Upstream
 from oculis.router import DEFAULT_CONNECT_SECONDS, DEFAULT_FIRST_BYTE_SECONDS, DEFAULT_IDLE_SECONDS
 from oculis_router import strictjson
 from oculis_router.errors import APIError
-from oculis_router.pick import Fleet, Lease
+from oculis_router.pick import AdapterMissing, Fleet, Lease
 from oculis_router.providers import anthropic, openai_compat, relayed_headers
 
 log = logging.getLogger("oculis.router")
@@ -107,7 +107,14 @@ class Revisions:
         self._tried += 1
         lease = None
         if rev in self.pooled and self.fleet is not None:
-            lease = self.fleet.lease(self.up, self.body, self.endpoint, rev, self.tried)
+            try:
+                lease = self.fleet.lease(self.up, self.body, self.endpoint, rev, self.tried)
+            except AdapterMissing as exc:
+                if rev == "canary" and "stable" in self.pooled:  # a canary not loaded yet: the stable revision
+                    rev = "stable"
+                    lease = self.fleet.lease(self.up, self.body, self.endpoint, rev, self.tried)
+                else:
+                    raise AdapterUnavailable(exc) from None
         if lease is None:
             if rev not in self._calls:  # every replica left since the call began: the base URL, as before
                 self._calls[rev] = self.prov.build_request(at_revision(self.up, rev), self.endpoint, self.body)
@@ -136,6 +143,7 @@ class Verdict:
     retry_after: float | None = None  # the Retry-After relayed with it
     credential: bool = False  # the router's own API key was refused: the router's misconfiguration
     context_length: bool = False  # the prompt is over this tier's context: relayed as is if no tier is left
+    kind: str | None = None  # the failure's label when none of the above names it (failure_kind)
 
 
 def retry_after_seconds(headers: Mapping[str, str], now: datetime) -> float | None:
@@ -191,6 +199,8 @@ def judge(status: int, headers: Mapping[str, str], body: bytes, now: datetime) -
 
 def failure_kind(v: Verdict) -> str:
     """A short, bounded label for why a call failed (`oculis_upstream_failures_total{kind}`)."""
+    if v.kind is not None:
+        return v.kind
     if v.credential:
         return "credential"
     if v.context_length:
@@ -272,6 +282,28 @@ class UpstreamFailed(Exception):
             return RelayedLimit(503, f"upstream {upstream} is unavailable: {why}", headers,
                                 type_="service_unavailable", code="upstream_unavailable")
         return APIError(502, f"upstream {upstream} failed: {why}", type_="upstream_error", code="upstream_failed")
+
+
+# How long a client asked for an adapter no replica lists yet is told to wait: the router reads each
+# replica's adapters every replicas.MODELS_S, and the operator loads a declared adapter within seconds.
+ADAPTER_RETRY_AFTER_S = 5
+
+
+class AdapterUnavailable(UpstreamFailed):
+    """No replica of the upstream lists the adapter the call asks for: the next tier may answer; when none
+    can, a 503 with Retry-After naming the adapter and why (code `adapter_not_loaded`). Not a 404: the
+    adapter is declared (an undeclared one is a 404 at plan time), so it is expected to be loaded shortly,
+    and clients retry a 503 after its Retry-After (the openai SDKs do) but never a 404."""
+
+    def __init__(self, missing: AdapterMissing) -> None:
+        super().__init__(str(missing), Verdict("escalate", str(missing), status=503,
+                                               retry_after=ADAPTER_RETRY_AFTER_S, kind="adapter_not_loaded"))
+        self.adapter = missing.adapter
+
+    def client_error(self, upstream: str) -> APIError:
+        return RelayedLimit(503, f"{self} (retry after Retry-After)",
+                            {"retry-after": str(ADAPTER_RETRY_AFTER_S)}, type_="service_unavailable",
+                            code="adapter_not_loaded")
 
 
 class RelayedLimit(APIError):

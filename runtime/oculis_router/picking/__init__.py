@@ -22,7 +22,9 @@ requests hold, still have to prefill, and read per decode step: `in_flight_token
 (`cache_config_info` or the capacity plan), ready/draining. `pick` records the dispatch in the
 approximate memory itself. Reasons: `prefix` (the longest cached prefix won), `load` (load decided: no
 prefix, or the prefix holder was saturated),
-`fallback` (kv-events scored a silent replica from the approximate memory), `random`, `round-robin`.
+`fallback` (kv-events scored a silent replica from the approximate memory), `random`, `round-robin`. A request
+for a LoRA adapter (`PickRequest.adapter`) goes only to replicas whose engine lists it (`ReplicaState.adapters`),
+and the load-aware strategies weigh its `maxLoras` slots there (`lora.py`; `pick.slot` says which class).
 Determinism: the same seed, states and calls give the same picks. `picker.py` documents the strategies
 and the saturation and TTFT guards; `hashing.py` what is hashed when the router has only text; `events.py` vLLM's
 KV-event schema; `kvwire.py` its msgpack/ZMQ framing (needs msgpack, the router/sim extras).
@@ -40,12 +42,14 @@ from oculis_router.picking.events import (
 )
 from oculis_router.picking.hashing import (
     DEFAULT_BLOCK_SIZE,
+    adapter_root,
     approx_token_ids,
     block_hashes,
     chat_parts,
     chat_token_ids,
 )
 from oculis_router.picking.index import KVIndex, PrefixMemory
+from oculis_router.picking.lora import LoraSlots, Slot, holders, slot, slots_from_labels
 from oculis_router.picking.picker import (
     PREFIX_STRATEGIES,
     STRATEGIES,
@@ -59,7 +63,7 @@ from oculis_router.picking.picker import (
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "PREFIX_STRATEGIES", "STRATEGIES", "AllBlocksCleared", "BlockRemoved", "BlockStored",
-    "EventBatch", "EventFormatError", "KVEvent", "KVIndex", "Pick", "PickRequest", "Picker", "PrefixMemory",
-    "Reason", "ReplicaState", "Strategy", "approx_token_ids", "block_hashes", "chat_parts", "chat_token_ids",
-    "from_wire", "to_wire",
+    "EventBatch", "EventFormatError", "KVEvent", "KVIndex", "LoraSlots", "Pick", "PickRequest", "Picker",
+    "PrefixMemory", "Reason", "ReplicaState", "Slot", "Strategy", "adapter_root", "approx_token_ids", "block_hashes",
+    "chat_parts", "chat_token_ids", "from_wire", "holders", "slot", "slots_from_labels", "to_wire",
 ]

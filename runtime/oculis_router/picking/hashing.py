@@ -55,6 +55,12 @@ def chain(parent: int, token_ids: Sequence[int]) -> int:
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
 
 
+def adapter_root(adapter: str | None) -> int:
+    """The parent of a request's first block: ROOT for the base model, a hash of the adapter's name for a
+    LoRA adapter (vLLM keys an adapter's KV blocks apart from the base model's and other adapters')."""
+    return ROOT if adapter is None else chain(ROOT, [zlib.crc32(adapter.encode())])
+
+
 def block_hashes(token_ids: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE, parent: int = ROOT) -> tuple[int, ...]:
     """Chained hashes of the full blocks of `token_ids` (a partial last block is not cached by vLLM)."""
     if block_size < 1:

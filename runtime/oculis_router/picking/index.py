@@ -135,8 +135,8 @@ class KVIndex(_Holders):
                 self._add(h, replica)
             return
         bs = ev.block_size
-        if ev.parent_block_hash is None:
-            parent: object = ROOT
+        if ev.parent_block_hash is None:  # an adapter's blocks (lora_id, the engine's own number) stand apart
+            parent: object = ROOT if ev.lora_id is None else chain(ROOT, [-1 - ev.lora_id])
         else:
             parent = keys.get(ev.parent_block_hash, ev.parent_block_hash)  # unknown parent: keys match nothing
         for i, h in enumerate(ev.block_hashes):

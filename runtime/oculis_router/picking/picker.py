@@ -30,6 +30,10 @@ behind a prefill it then waited out itself (the short-prefix control of bench/en
 constant is tuned: the only conversion, prefill seconds per token over KV-read seconds per
 context token (`prefill_token_s / context_token_s`), is the replica's step-time model (the fleet simulator
 passes its engine's; a router without it uses DEFAULT_PREFILL_RATIO).
+
+LoRA adapters (`lora.py`): a request for an adapter is picked among the replicas that list it only, every
+strategy; `least-loaded`, `prefix` and `kv-events` also count a replica where it would wait for a LoRA slot
+as saturated and, between equal keys, put a replica running the adapter before one with a free slot.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import Literal, get_args
 from oculis_router.picking.events import EventBatch
 from oculis_router.picking.hashing import DEFAULT_BLOCK_SIZE
 from oculis_router.picking.index import KVIndex, PrefixMemory
+from oculis_router.picking.lora import SLOT_RANK, Slot, holders, slot
 
 Strategy = Literal["random", "round-robin", "least-loaded", "prefix", "kv-events"]
 Reason = Literal["prefix", "load", "fallback", "random", "round-robin"]
@@ -74,6 +79,13 @@ class ReplicaState:
     context_tokens: int = 0  # prompt + expected output tokens of the router's in-flight requests: what decode reads
     prefill_token_s: float | None = None  # step-time model: seconds of prefill compute per uncached token
     context_token_s: float | None = None  # seconds one decode step spends reading one context token (KV)
+    # LoRA (lora.py): the adapters its engine lists in /v1/models (None: not read yet), the scraped
+    # vllm:lora_requests_info (running/waiting adapters, max_lora), the adapters of the router's in-flight calls
+    adapters: frozenset[str] | None = None
+    lora_running: frozenset[str] = frozenset()
+    lora_waiting: frozenset[str] = frozenset()
+    in_flight_adapters: frozenset[str] = frozenset()
+    max_loras: int | None = None
 
     @property
     def eligible(self) -> bool:
@@ -94,6 +106,7 @@ class PickRequest:
     block_hashes: tuple[object, ...]  # chained hashes of the prompt's full blocks (hashing.block_hashes)
     prompt_tokens: int
     expected_output_tokens: int = 0  # max_tokens when given, else the router's running mean
+    adapter: str | None = None  # the LoRA adapter asked for (None: the base model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,16 +115,20 @@ class Pick:
     reason: Reason
     cached_blocks: int  # leading blocks of the prompt the picker believes the chosen replica holds
     strategy: Strategy  # the strategy asked for
+    slot: Slot | None = None  # a request for an adapter: what the chosen replica's LoRA slots meant for it
 
 
 class Picker:
     """One per upstream (its replicas share one memory). `pick` also records the dispatch in the prefix
     memory; `apply_events` feeds the KV-event index; `forget` drops a replica that is gone."""
 
-    def __init__(self, strategy: Strategy, *, seed: int = 0, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+    def __init__(self, strategy: Strategy, *, seed: int = 0, block_size: int = DEFAULT_BLOCK_SIZE,
+                 lora_affinity: bool = True) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"picker: {strategy!r} is not one of {', '.join(STRATEGIES)}")
         self.strategy = strategy
+        # the load-aware strategies weigh LoRA slots (lora.py); False: adapter-blind (holders only), to compare
+        self.lora_affinity = lora_affinity
         self.block_size = block_size
         self.rng = random.Random(seed)
         self.memory = PrefixMemory()
@@ -132,8 +149,11 @@ class Picker:
 
     # ---- the pick ----------------------------------------------------------------------------------
     def pick(self, req: PickRequest, replicas: Sequence[ReplicaState]) -> Pick | None:
-        """The replica for `req` among `replicas` (one revision's); None when none is ready and not draining."""
+        """The replica for `req` among `replicas` (one revision's); None when none is ready and not draining,
+        or, for an adapter, none of those can serve it (lora.holders)."""
         cands = sorted((r for r in replicas if r.eligible), key=lambda r: r.id)
+        if req.adapter is not None:
+            cands = holders(req.adapter, cands)
         if not cands:
             return None
         s = self.strategy
@@ -143,11 +163,16 @@ class Picker:
             choice, reason, hit = cands[self.turn % len(cands)], "round-robin", 0
             self.turn += 1
         elif s == "least-loaded":
-            choice, reason, hit = self._least_loaded(cands), "load", 0
+            choice, reason, hit = self._least_loaded(cands, req.adapter), "load", 0
         else:
             choice, reason, hit = self._by_prefix(req, cands)
         self._record(req, choice, hit)
-        return Pick(choice.id, reason, hit, s)  # type: ignore[arg-type]
+        lora = None if req.adapter is None else slot(choice, req.adapter)
+        return Pick(choice.id, reason, hit, s, lora)  # type: ignore[arg-type]
+
+    def slot_rank(self, r: ReplicaState, adapter: str | None) -> int:
+        """0 active, 1 free slot, 2 wait (lora.py); 0 for the base model or an adapter-blind picker."""
+        return SLOT_RANK[slot(r, adapter)] if adapter is not None and self.lora_affinity else 0
 
     def matches(self, req: PickRequest, cands: Sequence[ReplicaState]) -> tuple[dict[str, int], set[str]]:
         """Cached leading blocks per replica, and the replicas scored from the approximate memory as a
@@ -162,10 +187,12 @@ class Picker:
             out.update(self.memory.match(req.block_hashes, silent))
         return out, set(silent)
 
-    def _least_loaded(self, cands: Sequence[ReplicaState]) -> ReplicaState:
+    def _least_loaded(self, cands: Sequence[ReplicaState], adapter: str | None = None) -> ReplicaState:
         # the router's own token count breaks ties, not the scraped KV usage: a gauge up to a scrape old would
-        # send every tied pick until the next scrape to the same replica (herding)
-        key = [(r.requests, r.context_tokens) for r in cands]
+        # send every tied pick until the next scrape to the same replica (herding). An adapter: a replica where
+        # it would wait for a LoRA slot comes last, and among equal loads the one running it goes first.
+        ranks = [self.slot_rank(r, adapter) for r in cands]
+        key = [(k == 2, r.requests, k, r.context_tokens) for r, k in zip(cands, ranks, strict=True)]
         best = min(key)
         tied = [r for r, k in zip(cands, key, strict=True) if k == best]
         return tied[0] if len(tied) == 1 else self.rng.choice(tied)
@@ -220,7 +247,9 @@ class Picker:
         uncached_of: dict[str, int] = {}
         for r in cands:
             uncached_of[r.id] = req.prompt_tokens - min(hits.get(r.id, 0) * bs, max(req.prompt_tokens - 1, 0))
-        sat = {r.id: self.saturated(r, uncached_of[r.id], req) for r in cands}
+        # a replica where an adapter would wait for a LoRA slot counts as saturated (lora.py)
+        ranks = {r.id: self.slot_rank(r, req.adapter) for r in cands}
+        sat = {r.id: self.saturated(r, uncached_of[r.id], req) or ranks[r.id] == 2 for r in cands}
         # TTFT guard: the fleet cost multiplies a cached prefix's saving by every request it would stall, so
         # alone it keeps a request on a short hit behind a queued prefill it then waits out itself. A cached
         # prefix counts only on a replica where this request's own wait is within one decode step of the
@@ -229,11 +258,11 @@ class Picker:
         waits = {r.id: self.wait(r, uncached_of[r.id]) for r in cands}
         fastest = min(cands, key=lambda r: (sat[r.id], waits[r.id]))
         bar = waits[fastest.id] + self.step(fastest)
-        best: tuple[bool, float, float] | None = None
+        best: tuple[bool, float, int, float] | None = None
         chosen: list[ReplicaState] = []
         for r in cands:
             uncached = uncached_of[r.id] if waits[r.id] <= bar else req.prompt_tokens
-            key = (sat[r.id], self.cost(r, uncached, req), r.requests)
+            key = (sat[r.id], self.cost(r, uncached, req), ranks[r.id], r.requests)
             if best is None or key < best:
                 best, chosen = key, [r]
             elif key == best:

@@ -134,7 +134,7 @@ def test_engine_figures_from_vllm_metrics() -> None:
     text = ('vllm:num_requests_waiting{model_name="m"} 3\nvllm:num_requests_running{model_name="m"} 5\n'
             'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n'
             'vllm:cache_config_info{block_size="16",num_gpu_blocks="2048"} 1\n')
-    gauges, bs, blocks = engine_figures(text)
+    gauges, bs, blocks, _ = engine_figures(text)
     assert gauges == {"waiting": 3, "running": 5, "kv_usage": 0.25} and (bs, blocks) == (16, 2048)
     assert metrics_url("http://10.0.0.1:8000/v1") == "http://10.0.0.1:8000/metrics"
 
