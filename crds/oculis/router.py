@@ -147,6 +147,11 @@ class Upstream(Model):
     picker: PickerName | None = Field(None, description="How a replica is picked per request: random, round-robin, "
                                       f"least-loaded, prefix or kv-events (default {DEFAULT_PICKER}); "
                                       "self-hosted upstreams only")
+    tokenizer: str | None = Field(None, min_length=1, description="Self-hosted: the model's tokenizer as a local "
+                                  "absolute path (its directory with tokenizer.json and tokenizer_config.json / "
+                                  "chat_template.jinja, or the tokenizer.json): the prefix pickers then hash the "
+                                  "prompt's real token ids, chat template applied as vLLM does, so kv-events "
+                                  "matches a real engine's KV events; without it they hash the prompt's text")
 
     @field_validator("endpoints", mode="before")
     @classmethod
@@ -172,6 +177,12 @@ class Upstream(Model):
         if self.picker is not None and self.provider in EXTERNAL_PROVIDERS:
             raise ValueError(f"upstream {self.name!r}: picker applies to self-hosted replicas; provider "
                              f"{self.provider} has none to pick from, remove picker")
+        if self.tokenizer is not None and self.provider in EXTERNAL_PROVIDERS:
+            raise ValueError(f"upstream {self.name!r}: tokenizer serves the replica picker of a self-hosted "
+                             f"model; provider {self.provider} has none, remove tokenizer")
+        if self.tokenizer is not None and not self.tokenizer.startswith("/"):
+            raise ValueError(f"upstream {self.name!r}: tokenizer {self.tokenizer!r} is not an absolute path; give "
+                             "the model's directory as the router sees it, e.g. /models/llama-8b")
         if self.endpoints and self.provider in EXTERNAL_PROVIDERS:
             raise ValueError(f"upstream {self.name!r}: endpoints list replicas of a self-hosted model; provider "
                              f"{self.provider} has none, remove endpoints")

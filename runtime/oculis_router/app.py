@@ -313,4 +313,5 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
         middleware=[Middleware(HeaderLimit, limit=lambda: holder.current.config.server.max_header_bytes)])
     app.state.metrics = metrics
     app.state.holder = holder
+    app.state.fleet = fleet  # what the pickers know (tests and debugging read it)
     return app

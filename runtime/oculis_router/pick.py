@@ -31,7 +31,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from oculis import Upstream
+from oculis_router import model_tokens
 from oculis_router.metrics import Metrics
+from oculis_router.model_tokens import ModelTokens
 from oculis_router.picking import (
     DEFAULT_BLOCK_SIZE,
     PREFIX_STRATEGIES,
@@ -154,24 +156,36 @@ class Lease:
 
 
 def pick_request(body: dict[str, Any], endpoint: str, block_size: int, hashed: bool = True,
-                 adapter: str | None = None) -> PickRequest:
-    """The request as the picker sees it: approximate token ids of its prompt (the same rendering the
-    engine simulator counts), their chained block hashes (an adapter's apart from the base model's, as
-    vLLM keeps them), its expected output and its LoRA adapter. Without `hashed`
-    (strategies that ignore prefixes) the prompt is only sized, at ~4 characters a token: hashing a
-    6,000-token prompt costs ~7 ms of the event loop, which only the prefix strategies repay."""
-    if endpoint == "chat" or "messages" in body:
+                 adapter: str | None = None, tokens: ModelTokens | None = None) -> PickRequest:
+    """The request as the picker sees it: the token ids of its prompt, their chained block hashes (an
+    adapter's apart from the base model's, as vLLM keeps them), its expected output and its LoRA adapter.
+    With the upstream's `tokens` (its `tokenizer`) the ids are the model's own, chat template applied as
+    vLLM does (`model_tokens.py`), so they equal real vLLM's KV events; without, or when the template
+    cannot render the request, approximate ids (the same rendering the engine simulator counts). Without
+    `hashed` (strategies that ignore prefixes) the prompt is only sized, at ~4 characters a token: hashing
+    a 6,000-token prompt costs ~7 ms of the event loop, which only the prefix strategies repay."""
+    chat = endpoint == "chat" or "messages" in body
+    if tokens is not None and hashed:
+        ids = tokens.chat_ids(body) if chat else tokens.completion_ids(body)
+        if ids is not None:
+            return PickRequest(block_hashes(ids, block_size, adapter_root(adapter)), len(ids),
+                               _expected_output(body), adapter)
+    if chat:
         messages = body.get("messages")
         texts = chat_parts(messages if isinstance(messages, list) else [])
     else:
         prompt = body.get("prompt")
         texts = [prompt] if isinstance(prompt, str) else [p for p in prompt or [] if isinstance(p, str)]
-    out = body.get("max_completion_tokens") or body.get("max_tokens")
-    expected = out if isinstance(out, int) and not isinstance(out, bool) and out > 0 else DEFAULT_OUTPUT_TOKENS
+    expected = _expected_output(body)
     if not hashed:
         return PickRequest((), sum(map(len, texts)) // 4, expected, adapter)
     ids = approx_token_ids(texts)
     return PickRequest(block_hashes(ids, block_size, adapter_root(adapter)), len(ids), expected, adapter)
+
+
+def _expected_output(body: dict[str, Any]) -> int:
+    out = body.get("max_completion_tokens") or body.get("max_tokens")
+    return out if isinstance(out, int) and not isinstance(out, bool) and out > 0 else DEFAULT_OUTPUT_TOKENS
 
 
 class Pool:
@@ -214,13 +228,16 @@ class Pool:
             self.metrics.replica_in_flight.remove(self.name, r.id)
 
     def block_size(self) -> int:
-        return next((r.block_size for r in self.replicas.values() if r.block_size), DEFAULT_BLOCK_SIZE)
+        """The engines' block size: scraped (cache_config_info), else as their KV events carry it."""
+        scraped = next((r.block_size for r in self.replicas.values() if r.block_size), None)
+        return scraped or self.picker.index.block_size_seen or DEFAULT_BLOCK_SIZE
 
     def lease(self, body: dict[str, Any], endpoint: str, revision: str, tried: set[str],
-              adapter: str | None = None) -> Lease | None:
+              adapter: str | None = None, tokenizer: ModelTokens | None = None) -> Lease | None:
         """A replica of `revision` for this attempt (not one this call already tried, while another is
         left), leased; None when the revision has no replica at all (then the base URL is called).
-        `adapter`: only replicas that list it (AdapterMissing when none does)."""
+        `adapter`: only replicas that list it (AdapterMissing when none does). `tokenizer`: the
+        upstream's, when it names one."""
         members = self.members(revision)
         if not members:
             return None
@@ -234,7 +251,7 @@ class Pool:
         bs = self.block_size()
         if self.picker.block_size != bs:  # the engines' block size, once scraped (hashes follow it)
             self.picker.block_size = self.picker.index.block_size = bs
-        req = pick_request(body, endpoint, bs, self.strategy in PREFIX_STRATEGIES, adapter)
+        req = pick_request(body, endpoint, bs, self.strategy in PREFIX_STRATEGIES, adapter, tokenizer)
         fresh = [r for r in members if r.id not in tried and not r.draining]
         cands = fresh or [r for r in members if not r.draining] or members
         states = [r.state(now, aside_ok=False) for r in cands]
@@ -296,4 +313,8 @@ class Fleet:
         if tried and self.refresh is not None:
             self.refresh()
         pool = self.pool(up)
-        return None if pool is None else pool.lease(body, endpoint, revision, tried, adapter_of(up))
+        if pool is None:
+            return None
+        # loaded when the config was built (state.py), so this is a dict lookup
+        tokenizer = model_tokens.load(up.tokenizer) if up.tokenizer else None
+        return pool.lease(body, endpoint, revision, tried, adapter_of(up), tokenizer)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from oculis import ConfigError, Route, RouterConfig, Upstream, parse_config
+from oculis_router import model_tokens
 from oculis_router.cache import MemoryStore, RedisStore, Store, new_redis_client
 from oculis_router.classify import DEFAULT_MODEL
 from oculis_router.decide import RouteScorer, head_file
@@ -152,6 +153,12 @@ class ConfigHolder:
     def _build(self, config: RouterConfig, digest: str) -> Runtime:
         """Built aside and adopted whole: a config that fails half-way leaves nothing behind."""
         config = with_shared_redis(config, self.redis_url)
+        for i, up in enumerate(config.upstreams):
+            if up.tokenizer is not None:
+                try:  # loaded once per path here, so a pick never waits on it (pick.py)
+                    model_tokens.load(up.tokenizer)
+                except ValueError as exc:
+                    raise ConfigError(f"upstreams[{i}] ({up.name}).tokenizer: {exc}") from None
         scorers: dict[str, RouteScorer] = {}
         stores: dict[str, Store] = {}
         routes = {}

@@ -10,7 +10,8 @@ engine simulator counts tokens with) and names each piece by its CRC-32: about 0
 piece, consistent for the same text, which is all approximate affinity needs. `chat_token_ids` renders
 chat messages the way the simulator does (`role content` per message, text parts joined), so the router's
 keys equal the ids in the simulator's KV events; real vLLM's events carry real token ids, which match
-only when the router tokenizes with the model's tokenizer and chat template.
+only when the router tokenizes with the model's tokenizer and chat template (an upstream's `tokenizer`:
+`oculis_router.model_tokens`, outside this stdlib-only core).
 """
 
 from __future__ import annotations

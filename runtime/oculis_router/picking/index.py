@@ -98,7 +98,8 @@ class KVIndex(_Holders):
     hashes per process, so the router cannot compute theirs); an engine hash -> key map per replica serves
     BlockRemoved. An event without token ids is keyed by the engine's hash as given (the fleet simulator
     hashes requests and blocks alike, so they match). Blocks whose size differs from the picker's are
-    counted in `mismatched` and left out: their keys could never match a request's."""
+    counted in `mismatched` but kept: the engine's block size (`block_size_seen`) is the one the router
+    hashes with when it has not scraped `cache_config_info` yet, and events arrive before the first scrape."""
 
     def __init__(self, block_size: int) -> None:
         super().__init__()
@@ -106,6 +107,7 @@ class KVIndex(_Holders):
         self.keys: dict[str, dict[BlockHash, object]] = {}
         self.batches: dict[str, int] = {}  # batches heard per replica: a replica that published nothing has none
         self.mismatched = 0
+        self.block_size_seen: int | None = None  # the block size of the last BlockStored heard
 
     def heard(self, replica: str) -> bool:
         return self.batches.get(replica, 0) > 0
@@ -126,9 +128,9 @@ class KVIndex(_Holders):
                 keys = self.keys.setdefault(replica, {})
 
     def _stored(self, replica: str, keys: dict[BlockHash, object], ev: BlockStored) -> None:
+        self.block_size_seen = ev.block_size
         if ev.block_size != self.block_size:
             self.mismatched += len(ev.block_hashes)
-            return
         if not ev.token_ids:
             for h in ev.block_hashes:
                 keys[h] = h

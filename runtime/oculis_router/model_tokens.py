@@ -1,0 +1,224 @@
+"""A prompt's token ids as the engine computes them: the model's chat template rendered the way vLLM
+renders it, then the model's own tokenizer. With them the router's block hashes equal the token ids in
+vLLM's KV events (`BlockStored.token_ids`), so the `kv-events` picker matches the blocks a real engine
+holds; hashing text (`picking.approx_token_ids`) can only match the simulator's events.
+
+An upstream names its tokenizer in the config (`tokenizer: /abs/path`): a directory holding
+`tokenizer.json` (and, for chat, `chat_template.jinja` or a `chat_template` in `tokenizer_config.json`,
+as a Hugging Face model directory has them), or a `tokenizer.json` file. Loaded once per path when the
+config is built (a missing or unreadable file is a config error naming the field).
+
+What vLLM 0.32 does for a chat request, and what is done here likewise (`vllm/renderers/hf.py`,
+`transformers/utils/chat_template_utils.py`):
+- each message's content becomes a string (text parts joined by newlines) when the template reads
+  `message['content']` as a string, or a list of `{type: text, text}` parts when it loops over it
+  (vLLM detects which from the template's syntax tree; this module looks for that loop);
+- the template is rendered in jinja2's immutable sandbox with `trim_blocks`, `lstrip_blocks`, the
+  loop-controls extension, transformers' `tojson` filter and `raise_exception`/`strftime_now`, given
+  `messages`, `add_generation_prompt` (default true), `tools`, the tokenizer's special tokens
+  (`bos_token`, `eos_token`, ...) and the request's `chat_template_kwargs`;
+- the text is tokenized without adding special tokens (the template has them). A completions prompt is
+  tokenized with them (`add_special_tokens`, default true, as vLLM's completions default); a prompt of
+  token ids is taken as it is.
+Not reproduced: images and other media parts (their placeholder tokens), `continue_final_message`
+(rendered as a closed turn: only the last block can differ), and templates shipped only with a
+multimodal processor. A template that raises (an unsupported role, say) makes `ids` return None: the
+caller hashes text instead, and the engine gives the client its own error.
+
+Why here rather than the engine's `/tokenize` per request: one more HTTP round trip to a busy engine's
+API server before every pick (measured in tests/realengine/test_router_kv_events_real.py's summary).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+log = logging.getLogger("oculis.router")
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    # transformers' filter: jinja2's own escapes HTML characters, which would change the prompt
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _Generation(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask tag): renders its body."""
+
+    tags = {"generation"}  # noqa: RUF012 (jinja2 declares it a plain attribute)
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def loops_over_content(template: str) -> bool:
+    """Whether the template iterates over a message's content (`for part in message['content']`): vLLM
+    then passes content as a list of parts (its "openai" content format), else as one string."""
+    try:
+        tree = _environment().parse(template)
+    except jinja2.TemplateSyntaxError:
+        return False
+    for loop in tree.find_all(jinja2.nodes.For):
+        it = loop.iter
+        while isinstance(it, jinja2.nodes.Filter) and it.node is not None:  # `message['content'] | list`
+            it = it.node
+        key = it.arg if isinstance(it, jinja2.nodes.Getitem) else None
+        if isinstance(key, jinja2.nodes.Const) and key.value == "content":
+            return True
+        if isinstance(it, jinja2.nodes.Getattr) and it.attr == "content":
+            return True
+    return False
+
+
+def _special_tokens(config: dict[str, Any]) -> dict[str, str]:
+    """bos_token, eos_token, ... as the template sees them (strings, as transformers passes them)."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        if not key.endswith("_token"):
+            continue
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def _chat_template(where: Path, config: dict[str, Any]) -> str | None:
+    """chat_template.jinja beside the tokenizer (transformers prefers it), else tokenizer_config's
+    `chat_template` (a string, or a list of named templates: the one named `default`)."""
+    jinja_file = where / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text()
+    tpl = config.get("chat_template")
+    if isinstance(tpl, list):
+        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+        tpl = named.get("default")
+    return tpl if isinstance(tpl, str) else None
+
+
+@dataclass
+class ModelTokens:
+    """One model's tokenizer and chat template, loaded from `path`."""
+
+    path: str
+    tokenizer: Tokenizer
+    template: jinja2.Template | None
+    openai_content: bool  # the template loops over content parts
+    special: dict[str, str]
+
+    def chat_ids(self, body: dict[str, Any]) -> list[int] | None:
+        """The token ids vLLM prefills for this chat request; None when it cannot be rendered here."""
+        messages = body.get("messages")
+        if self.template is None or not isinstance(messages, list):
+            return None
+        conv = [self._message(m) for m in messages if isinstance(m, dict)]
+        kwargs = body.get("chat_template_kwargs")
+        extra = {k: v for k, v in kwargs.items() if isinstance(k, str)} if isinstance(kwargs, dict) else {}
+        agp = body.get("add_generation_prompt", True)
+        try:
+            text = self.template.render(**{**self.special, **extra, "messages": conv,
+                                           "tools": body.get("tools"), "documents": body.get("documents"),
+                                           "add_generation_prompt": agp is not False})
+        except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError) as exc:
+            log.debug("chat template of %s did not render this request (%s): hashing its text", self.path, exc)
+            return None
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def completion_ids(self, body: dict[str, Any]) -> list[int] | None:
+        """The token ids of a completions prompt: a string tokenized (special tokens added unless the request
+        says not), token ids as given; the first of a batch."""
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+            prompt = prompt[0]  # a batch: the picker places the request by its first prompt
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        if not isinstance(prompt, str):
+            return None
+        return self.tokenizer.encode(prompt, add_special_tokens=body.get("add_special_tokens", True) is not False).ids
+
+    def _message(self, msg: dict[str, Any]) -> dict[str, Any]:
+        content = msg.get("content")
+        if isinstance(content, str):
+            texts: Sequence[str] = [content]
+        elif isinstance(content, list):
+            texts = [str(p.get("text", "")) for p in content
+                     if isinstance(p, dict) and p.get("type", "text") == "text"]
+        else:
+            texts = []
+        out = dict(msg)
+        if self.openai_content:
+            out["content"] = [{"type": "text", "text": t} for t in texts]
+        else:
+            out["content"] = "\n".join(texts)
+        return out
+
+
+_LOADED: dict[str, ModelTokens] = {}
+
+
+def load(path: str) -> ModelTokens:
+    """The model's tokenizer at `path` (a directory with tokenizer.json, or the file), loaded once per path.
+    ValueError with one line saying what is missing."""
+    got = _LOADED.get(path)
+    if got is not None:
+        return got
+    p = Path(path)
+    where = p if p.is_dir() else p.parent
+    file = p / "tokenizer.json" if p.is_dir() else p
+    if not file.is_file():
+        raise ValueError(f"{path!r} has no tokenizer.json; give the model's directory (tokenizer.json, "
+                         "tokenizer_config.json) or its tokenizer.json")
+    try:
+        tokenizer = Tokenizer.from_file(str(file))
+    except Exception as exc:  # the Rust loader's own exception type is not exported
+        raise ValueError(f"{file} is not a tokenizers tokenizer.json ({str(exc)[:120]})") from None
+    config: dict[str, Any] = {}
+    cfg_file = where / "tokenizer_config.json"
+    if cfg_file.is_file():
+        try:
+            loaded = json.loads(cfg_file.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{cfg_file} is not JSON ({exc})") from None
+        config = loaded if isinstance(loaded, dict) else {}
+    source = _chat_template(where, config)
+    template = None
+    if source is not None:
+        try:
+            template = _environment().from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ValueError(f"the chat template beside {file} does not compile ({exc})") from None
+    got = ModelTokens(path, tokenizer, template, source is not None and loops_over_content(source),
+                      _special_tokens(config))
+    _LOADED[path] = got
+    return got

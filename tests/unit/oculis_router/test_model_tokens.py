@@ -1,0 +1,151 @@
+"""The router's token ids for an upstream that names its tokenizer: the model's chat template rendered as
+vLLM renders it (checked here on hand-written expectations; against real vLLM in
+tests/realengine/test_router_kv_events_real.py), the completions forms, the fallback to text hashing,
+the config errors, and the kv-events picker matching blocks keyed by an engine's token ids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from oculis import ConfigError, parse_config
+from oculis_router import model_tokens
+from oculis_router.metrics import Metrics
+from oculis_router.pick import Pool, Replica, pick_request
+from oculis_router.picking import BlockStored, EventBatch, approx_token_ids, block_hashes, chat_parts
+from oculis_router.state import ConfigHolder
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+          "{{ (message['content'] if message['content'] is string else '') + '<|im_end|>\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+PARTS = ("{{ bos_token }}{% for message in messages %}{{ message['role'] }}:"
+         "{% for part in message['content'] %}[{{ part['text'] }}]{% endfor %}\n{% endfor %}")  # trim_blocks eats \n
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def write_tokenizer(where: Path, config: dict[str, object]) -> Path:
+    """A small byte-level BPE (as the tiny model's), trained on a few lines, with ChatML's special tokens."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = ["def f(x): return x * 2", "the system prompt says hello to the user", "import os\nimport sys"] * 20
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    where.mkdir(parents=True, exist_ok=True)
+    tok.save(str(where / "tokenizer.json"))
+    (where / "tokenizer_config.json").write_text(json.dumps(config))
+    return where
+
+
+@pytest.fixture
+def chatml(tmp_path: Path) -> model_tokens.ModelTokens:
+    return model_tokens.load(str(write_tokenizer(tmp_path / "chatml", {"chat_template": CHATML,
+                                                                        "eos_token": "<|im_end|>"})))
+
+
+def encode(mt: model_tokens.ModelTokens, text: str) -> list[int]:
+    return mt.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_a_chat_is_the_template_rendered_then_tokenized_with_its_special_tokens_whole(
+        chatml: model_tokens.ModelTokens) -> None:
+    body = {"messages": [{"role": "system", "content": "the system prompt"},
+                         {"role": "user", "content": [{"type": "text", "text": "hello"},
+                                                      {"type": "image_url", "image_url": {"url": "x"}},
+                                                      {"type": "text", "text": "to the user"}]}]}
+    text = ("<|im_start|>system\nthe system prompt<|im_end|>\n<|im_start|>user\nhello\nto the user<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    ids = chatml.chat_ids(body)
+    assert ids == encode(chatml, text)
+    start = chatml.tokenizer.token_to_id("<|im_start|>")
+    assert ids is not None and ids[0] == start and ids.count(start) == 3  # one token each, never split
+    closed = chatml.chat_ids({**body, "add_generation_prompt": False})
+    assert closed == encode(chatml, text.removesuffix("<|im_start|>assistant\n"))
+
+
+def test_a_template_that_loops_over_content_gets_parts_and_the_special_tokens(tmp_path: Path) -> None:
+    mt = model_tokens.load(str(write_tokenizer(tmp_path / "parts", {"chat_template": [
+        {"name": "tool_use", "template": "unused"}, {"name": "default", "template": PARTS}],
+        "bos_token": {"content": "<|endoftext|>", "special": True}})))
+    assert mt.openai_content
+    ids = mt.chat_ids({"messages": [{"role": "user", "content": "a"},
+                                    {"role": "user", "content": [{"type": "text", "text": "b"},
+                                                                 {"type": "text", "text": "c"}]}]})
+    assert ids == encode(mt, "<|endoftext|>user:[a]user:[b][c]")
+
+
+def test_chat_template_jinja_beside_the_tokenizer_wins_and_the_generation_tag_renders(tmp_path: Path) -> None:
+    where = write_tokenizer(tmp_path / "jinja", {"chat_template": CHATML})
+    (where / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% generation %}{{ m.role }}={{ m.content | trim }};{% endgeneration %}"
+        "{% endfor %}{{ {'k': 'é'} | tojson }}")
+    mt = model_tokens.load(str(where / "tokenizer.json"))
+    assert mt.chat_ids({"messages": [{"role": "user", "content": " hi "}]}) == encode(mt, 'user=hi;{"k": "é"}')
+
+
+def test_completions_add_special_tokens_unless_told_and_take_token_ids_as_given(
+        chatml: model_tokens.ModelTokens) -> None:
+    assert chatml.completion_ids({"prompt": "import os"}) == chatml.tokenizer.encode("import os").ids
+    assert chatml.completion_ids({"prompt": "import os", "add_special_tokens": False}) == encode(chatml, "import os")
+    assert chatml.completion_ids({"prompt": [5, 6, 7]}) == [5, 6, 7]
+    assert chatml.completion_ids({"prompt": ["import os", "import sys"]}) == chatml.tokenizer.encode("import os").ids
+    assert chatml.completion_ids({"prompt": {"not": "a prompt"}}) is None
+
+
+def test_a_request_the_template_refuses_is_hashed_as_text(tmp_path: Path) -> None:
+    mt = model_tokens.load(str(write_tokenizer(tmp_path / "strict", {"chat_template":
+        "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools') }}{% endif %}"
+        "{{ m.content }}{% endfor %}"})))
+    body = {"messages": [{"role": "tool", "content": "x " * 40}]}
+    assert mt.chat_ids(body) is None
+    req = pick_request(body, "chat", 4, tokens=mt)
+    ids = approx_token_ids(chat_parts(body["messages"]))
+    assert req.prompt_tokens == len(ids) and req.block_hashes == block_hashes(ids, 4)
+
+
+def test_the_config_refuses_a_relative_or_missing_tokenizer_in_one_line(tmp_path: Path) -> None:
+    up = {"name": "tiny", "provider": "vllm", "endpoints": ["http://127.0.0.1:9/v1"], "model": "m"}
+    route = [{"name": "r", "tiers": [{"name": "a", "upstream": "tiny"}]}]
+    with pytest.raises(ConfigError, match="tokenizer 'models/tiny' is not an absolute path"):
+        parse_config(yaml.safe_dump({"oculis": {"upstreams": [{**up, "tokenizer": "models/tiny"}], "routes": route}}))
+    with pytest.raises(ConfigError, match="provider openai has none, remove tokenizer"):
+        parse_config(yaml.safe_dump({"oculis": {"upstreams": [
+            {"name": "gpt", "provider": "openai", "model": "m", "tokenizer": "/x"}], "routes": route}}))
+    cfg = tmp_path / "oculis-config.yaml"
+    cfg.write_text(yaml.safe_dump({"oculis": {"upstreams": [{**up, "tokenizer": str(tmp_path / "none")}],
+                                              "routes": route}}))
+    with pytest.raises(ConfigError) as err:
+        ConfigHolder(cfg, Metrics())
+    msg = str(err.value)
+    assert msg.startswith("upstreams[0] (tiny).tokenizer: ") and "has no tokenizer.json" in msg and "\n" not in msg
+
+
+def test_kv_events_match_the_engines_token_ids_only_through_the_tokenizer(
+        chatml: model_tokens.ModelTokens) -> None:
+    """An engine's BlockStored carries the prompt's real token ids (chat template applied); the router's
+    keys equal them when it tokenizes as the model does, and never when it hashes text."""
+    bs = 8
+    system = {"role": "system", "content": "the system prompt says hello to the user " * 6}
+    first = {"messages": [system, {"role": "user", "content": "def f(x): return x * 2"}], "max_tokens": 4}
+    engine_ids = chatml.chat_ids(first)
+    assert engine_ids is not None and len(engine_ids) >= 4 * bs
+    full = len(engine_ids) // bs
+    stored = BlockStored(tuple(range(100, 100 + full)), None, tuple(engine_ids[:full * bs]), bs)
+    later = {"messages": [system, {"role": "user", "content": "import os"}], "max_tokens": 4}
+    for tokenizer, expect_hit in ((chatml, True), (None, False)):
+        pool = Pool("tiny", "kv-events", Metrics())
+        pool.sync([Replica("a", "http://127.0.0.1:9001/v1"), Replica("b", "http://127.0.0.1:9002/v1")])
+        pool.picker.apply_events("a", EventBatch(0.0, (stored,)))
+        pool.picker.apply_events("b", EventBatch(0.0, ()))
+        assert pool.block_size() == bs  # not scraped yet: the events' block size
+        lease = pool.lease(later, "chat", "stable", set(), tokenizer=tokenizer)
+        assert lease is not None
+        if expect_hit:
+            assert (lease.replica.id, lease.pick.reason) == ("a", "prefix") and lease.pick.cached_blocks >= 3
+        else:
+            assert lease.pick.cached_blocks == 0 and lease.pick.reason != "prefix"
+        lease.release()
