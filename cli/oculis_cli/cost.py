@@ -71,6 +71,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     rep = cost_core.report(cells, group_by, cost_core.unattributed_dollars(got.counters, cells),
                            route_window_core.describe_window(got.t0, got.t1), bool(gpu))
     rep["prices_from"] = got.catalog.source
+    rep["adapters"] = cost_core.adapter_rows(got.counters)  # LoRA adapters: their own counters, exact
     emit(rep, args.output, stdout, "rows", render)
     return 0
 
@@ -94,6 +95,13 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
     if t["unattributed_dollars"]:
         out.line(f"unattributed (no request counted for the upstream in the window): "
                  f"{out.money(t['unattributed_dollars'])}", stdout)
+    if rep.get("adapters"):
+        acols = ["upstream", "adapter", "prompt tok", "output tok", "token $", "share of upstream $"]
+        arows = [[a["upstream"], a["adapter"], f"{a['prompt_tokens']:,}", f"{a['completion_tokens']:,}",
+                  out.money(a["token_dollars"]),
+                  "" if a["share_of_upstream_dollars"] is None else f"{a['share_of_upstream_dollars']:.1%}"]
+                 for a in rep["adapters"]]
+        out.table("LoRA adapters (counted per call: oculis_adapter_*_total)", acols, arows, stdout, right=acols[2:])
     out.line("requests: answered by the row's tier; calls: billed calls (answers given, answers a later tier "
              "replaced, a verifier's gradings): token $, cache saving and GPU $ are shared out by them", stdout)
     for k, v in rep["basis"].items():

@@ -140,6 +140,10 @@ def counters(prom: Any, t0: datetime, t1: datetime, router_selector: str = "") -
         routed = prom.deltas(f"oculis_routed_requests_total{sel}", ("route", "tier", "upstream"), s, e)
         replaced = prom.deltas(f"oculis_answers_replaced_total{sel}", ("route", "tier", "upstream"), s, e)
         grades = prom.deltas(f"oculis_answer_grades_total{sel}", ("route", "verifier", "outcome"), s, e)
+
+        def by_adapter(name: str) -> dict[tuple[str, str], float]:
+            return {(k[0], k[1]): v for k, v in prom.deltas(f"{name}{sel}", ("upstream", "adapter"), s, e).items()}
+
         return Counters(
             routed={(k[0], k[1], k[2]): v for k, v in routed.items()},
             replaced={(k[0], k[1], k[2]): v for k, v in replaced.items()},
@@ -151,6 +155,9 @@ def counters(prom: Any, t0: datetime, t1: datetime, router_selector: str = "") -
             cache_write_tokens=by_upstream("oculis_cache_write_prompt_tokens_total"),
             cost=by_upstream("oculis_cost_dollars_total"),
             escalations={(k[0], k[1]): v for k, v in esc.items()},
+            adapter_prompt_tokens=by_adapter("oculis_adapter_prompt_tokens_total"),
+            adapter_completion_tokens=by_adapter("oculis_adapter_completion_tokens_total"),
+            adapter_cost=by_adapter("oculis_adapter_cost_dollars_total"),
         )
     except PromError as exc:
         raise SourceError(str(exc), EXIT_UNREACHABLE) from None

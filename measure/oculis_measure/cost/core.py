@@ -47,6 +47,10 @@ class Counters:
     # route, tier, upstream: answers the tier produced (billed) that a later tier's answer replaced
     replaced: dict[tuple[str, str, str], float] = field(default_factory=dict)
     gradings: dict[tuple[str, str, str], float] = field(default_factory=dict)  # route, verifier upstream, outcome
+    # upstream, adapter: the LoRA adapters' own counters (oculis_adapter_*_total), exact per adapter
+    adapter_prompt_tokens: dict[tuple[str, str], float] = field(default_factory=dict)
+    adapter_completion_tokens: dict[tuple[str, str], float] = field(default_factory=dict)
+    adapter_cost: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,22 @@ def cells(c: Counters, pricing: dict[str, Pricing], gpu: dict[str, GPUCost] | No
         if not per_upstream.get(u):
             cell(IDLE, "-", u).gpu_dollars = g.dollars_per_gpu_hour * g.gpus * window_hours
     return sorted(out.values(), key=lambda x: (x.route, x.tier, x.upstream))
+
+
+def adapter_rows(c: Counters) -> list[dict[str, Any]]:
+    """Per (upstream, LoRA adapter): its tokens and dollars, counted per call by the router (exact, not shared
+    out), and its share of the upstream's dollars (the rest is the base model's and the other adapters')."""
+    rows = []
+    for key in sorted(set(c.adapter_cost) | set(c.adapter_prompt_tokens) | set(c.adapter_completion_tokens)):
+        upstream, adapter = key
+        dollars = c.adapter_cost.get(key, 0.0)
+        total = c.cost.get(upstream, 0.0)
+        rows.append({"upstream": upstream, "adapter": adapter,
+                     "prompt_tokens": round(c.adapter_prompt_tokens.get(key, 0.0)),
+                     "completion_tokens": round(c.adapter_completion_tokens.get(key, 0.0)),
+                     "token_dollars": round(dollars, 10),
+                     "share_of_upstream_dollars": round(dollars / total, 4) if total else None})
+    return rows
 
 
 def unattributed_dollars(c: Counters, cs: list[Cell]) -> float:

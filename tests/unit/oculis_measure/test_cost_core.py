@@ -79,3 +79,15 @@ def test_gpu_hours_come_from_self_hosted_gpuupstreams_that_price_them() -> None:
                      gu("b", provider="vllm", gpu={"count": 1}, pricing={"inputPerMtok": 1}),
                      gu("c", provider="openai", pricing={"gpuHourDollars": 9})])
     assert got == {"a": GPUCost(2.5, 6)}
+
+
+def test_lora_adapters_get_their_own_exact_rows() -> None:
+    from oculis_measure.cost.core import adapter_rows
+
+    c = Counters(cost={"small": 0.01}, adapter_cost={("small", "sql"): 0.004, ("small", "support"): 0.001},
+                 adapter_prompt_tokens={("small", "sql"): 30_000}, adapter_completion_tokens={("small", "sql"): 5_000})
+    rows = adapter_rows(c)
+    assert [(r["adapter"], r["token_dollars"], r["share_of_upstream_dollars"]) for r in rows] == [
+        ("sql", 0.004, 0.4), ("support", 0.001, 0.1)]  # the other 50 %: the base model
+    assert rows[0]["prompt_tokens"] == 30_000 and rows[1]["completion_tokens"] == 0
+    assert adapter_rows(Counters()) == []
