@@ -10,6 +10,9 @@ config is built (a missing or unreadable file is a config error naming the field
 
 What vLLM 0.32 does for a chat request, and what is done here likewise (`vllm/renderers/hf.py`,
 `transformers/utils/chat_template_utils.py`):
+- each message keeps its role, content and only the fields vLLM keeps (an assistant's tool calls and
+  reasoning, a tool's call id, a name); developer messages become system ones, all system messages
+  merged first, when the template does not name the developer role;
 - each message's content becomes a string (text parts joined by newlines) when the template reads
   `message['content']` as a string, or a list of `{type: text, text}` parts when it loops over it
   (vLLM detects which from the template's syntax tree; this module looks for that loop);
@@ -136,6 +139,7 @@ class ModelTokens:
     template: jinja2.Template | None
     openai_content: bool  # the template loops over content parts
     special: dict[str, str]
+    developer_role: bool  # the template names the developer role (else vLLM makes it system)
 
     def chat_ids(self, body: dict[str, Any]) -> list[int] | None:
         """The token ids vLLM prefills for this chat request; None when it cannot be rendered here."""
@@ -143,6 +147,8 @@ class ModelTokens:
         if self.template is None or not isinstance(messages, list):
             return None
         conv = [self._message(m) for m in messages if isinstance(m, dict)]
+        if not self.developer_role and any(m["role"] == "developer" for m in conv):
+            conv = _developer_as_system(conv)
         kwargs = body.get("chat_template_kwargs")
         extra = {k: v for k, v in kwargs.items() if isinstance(k, str)} if isinstance(kwargs, dict) else {}
         agp = body.get("add_generation_prompt", True)
@@ -168,6 +174,9 @@ class ModelTokens:
         return self.tokenizer.encode(prompt, add_special_tokens=body.get("add_special_tokens", True) is not False).ids
 
     def _message(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The message as vLLM hands it to the template: role and content, and only the other fields it
+        keeps (an assistant's tool calls and reasoning, a tool's call id, a name)."""
+        role = msg.get("role")
         content = msg.get("content")
         if isinstance(content, str):
             texts: Sequence[str] = [content]
@@ -176,12 +185,42 @@ class ModelTokens:
                      if isinstance(p, dict) and p.get("type", "text") == "text"]
         else:
             texts = []
-        out = dict(msg)
-        if self.openai_content:
+        out: dict[str, Any] = {"role": role}
+        if self.openai_content and role != "tool":  # vLLM flattens a tool's text parts for every template
             out["content"] = [{"type": "text", "text": t} for t in texts]
         else:
             out["content"] = "\n".join(texts)
+        if role == "assistant":
+            if msg.get("tool_calls") is not None:
+                out["tool_calls"] = list(msg["tool_calls"])
+            if msg.get("reasoning") is not None:
+                out["reasoning"] = out["reasoning_content"] = msg["reasoning"]
+        elif role == "tool" and "tool_call_id" in msg:
+            out["tool_call_id"] = msg["tool_call_id"]
+        for key in ("name", "task"):
+            if isinstance(msg.get(key), str):
+                out[key] = msg[key]
+        if role == "developer":
+            out["tools"] = msg.get("tools")
         return out
+
+
+def _developer_as_system(conv: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM, for a template that does not name the developer role: developer messages become system ones,
+    and all system messages are merged into one first message (texts joined by blank lines)."""
+    conv = [{**{k: v for k, v in m.items() if k != "tools"}, "role": "system"} if m["role"] == "developer" else m
+            for m in conv]
+    systems = [i for i, m in enumerate(conv) if m["role"] == "system"]
+    if not systems or systems == [0]:
+        return conv
+    texts = []
+    for i in systems:
+        c = conv[i].get("content", "")
+        if isinstance(c, list):
+            c = "\n".join(p["text"] for p in c if isinstance(p, dict) and "text" in p)
+        if c:
+            texts.append(c)
+    return [{"role": "system", "content": "\n\n".join(texts)}, *(m for m in conv if m["role"] != "system")]
 
 
 _LOADED: dict[str, ModelTokens] = {}
@@ -219,6 +258,7 @@ def load(path: str) -> ModelTokens:
         except jinja2.TemplateSyntaxError as exc:
             raise ValueError(f"the chat template beside {file} does not compile ({exc})") from None
     got = ModelTokens(path, tokenizer, template, source is not None and loops_over_content(source),
-                      _special_tokens(config))
+                      _special_tokens(config), source is not None and ("'developer'" in source
+                                                                       or '"developer"' in source))
     _LOADED[path] = got
     return got

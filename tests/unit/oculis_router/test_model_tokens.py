@@ -67,6 +67,16 @@ def test_a_chat_is_the_template_rendered_then_tokenized_with_its_special_tokens_
     assert closed == encode(chatml, text.removesuffix("<|im_start|>assistant\n"))
 
 
+def test_messages_keep_only_what_vllm_passes_and_developer_turns_system_where_the_template_lacks_it(
+        chatml: model_tokens.ModelTokens) -> None:
+    body = {"messages": [{"role": "system", "content": "a"}, {"role": "user", "content": "x", "extra": 1},
+                         {"role": "developer", "content": [{"type": "text", "text": "b"}]}]}
+    text = "<|im_start|>system\na\n\nb<|im_end|>\n<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+    assert chatml.chat_ids(body) == encode(chatml, text)
+    assert chatml._message({"role": "user", "content": "x", "extra": 1, "name": "n"}) == \
+        {"role": "user", "content": "x", "name": "n"}
+
+
 def test_a_template_that_loops_over_content_gets_parts_and_the_special_tokens(tmp_path: Path) -> None:
     mt = model_tokens.load(str(write_tokenizer(tmp_path / "parts", {"chat_template": [
         {"name": "tool_use", "template": "unused"}, {"name": "default", "template": PARTS}],
