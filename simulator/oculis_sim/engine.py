@@ -100,6 +100,11 @@ class EngineCore:
     def step(self, now: float) -> StepResult:
         sched = self.scheduler
         if self.inbox:
+            if not sched.has_work():
+                # Idle: the step starts when the next request reaches the core, not before. A driver that
+                # steps back-to-back at the last step's end (sim serve, within 50 ms of it) would otherwise
+                # plan an empty step: nothing had arrived by then (the "no progress" crash of sim serve).
+                now = max(now, self.inbox[0][0])
             self._admit_arrived(now)
         plan = sched.schedule()
         c = self.counters

@@ -115,7 +115,7 @@ class SimServer:
                     await asyncio.sleep(0.01)
                 t = res.end
                 continue
-            self._admitted(res.plan.admitted, res.plan.scheduled, start)
+            self._admitted(res.plan.admitted, res.plan.scheduled, res.start)  # an idle core starts at the arrival
             if self.kv is not None:
                 self.kv.publish(core)
             t = res.end
