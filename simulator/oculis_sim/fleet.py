@@ -8,6 +8,11 @@ per replica (and the tokens it estimates those requests hold and have yet to pre
 BlockStored/BlockRemoved events as of the end of the step that caused them. The router does not know a
 request's output length: it expects the mean of the outputs it has seen so far.
 
+LoRA adapters (`adapters`: one per request, or None for the base model; `max_loras` slots per engine, every
+engine serving every adapter): each engine's slots are `fleetlora.Slots` (a request waits for a slot, a first
+use loads its adapter), the picker sees them as `vllm:lora_requests_info` as of the last scrape plus its own
+calls' adapters, and `lora_affinity=False` makes it adapter-blind (to compare).
+
 Event-driven: the clock jumps from one event (an arrival, a request reaching its engine after the API
 server's delay, a step's end, a scrape) to the next, so idle time costs nothing. Figures are the
 client's, as `sim replay` gives them; `per_replica` says how the picker spread the work.
@@ -17,6 +22,8 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +33,7 @@ from oculis_router.picking import BlockRemoved, BlockStored, EventBatch, Picker,
 from oculis_sim import decoderun
 from oculis_sim.config import Settings
 from oculis_sim.engine import EngineCore, StepResult
+from oculis_sim.fleetlora import Slots
 from oculis_sim.replay import stats_ms
 from oculis_sim.scheduler import Request
 from oculis_sim.workload import Workload
@@ -35,8 +43,8 @@ _UNIQUE = 1 << 50  # picker-side keys for blocks nobody shares (the engine keys 
 
 
 class _Replica:
-    __slots__ = ("busy", "context", "core", "gen", "id", "in_flight", "in_flight_tokens", "kv", "queued_tokens",
-                 "requests", "res", "run", "running", "waiting")
+    __slots__ = ("adapters", "busy", "context", "core", "gen", "id", "in_flight", "in_flight_tokens", "kv",
+                 "lora", "lora_seen", "queued_tokens", "requests", "res", "run", "running", "waiting")
 
     def __init__(self, rid: str, core: EngineCore) -> None:
         self.id = rid
@@ -53,6 +61,9 @@ class _Replica:
         self.waiting = 0.0  # as last scraped
         self.running = 0.0
         self.kv = 0.0
+        self.lora = Slots(1)  # its LoRA slots (run() sets max_loras)
+        self.lora_seen: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())  # as last scraped
+        self.adapters: Counter[str] = Counter()  # adapters of the router's calls in flight there
 
 
 class _Rec:
@@ -118,11 +129,16 @@ def _events(log: list[tuple[bool, object]], ts: float, block: int) -> EventBatch
 
 
 def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, scrape_interval: float = 1.0,
-        seed: int = 0, decode_runs: bool = True) -> FleetResult:
+        seed: int = 0, decode_runs: bool = True, adapters: Sequence[str | None] | None = None, max_loras: int = 1,
+        lora_affinity: bool = True) -> FleetResult:
     """decode_runs=False steps every engine one step at a time (the reference the fast path must equal)."""
     block = settings.block_size
-    picker = Picker(strategy, seed=seed, block_size=block)
+    picker = Picker(strategy, seed=seed, block_size=block, lora_affinity=lora_affinity)
     fleet = [_Replica(f"replica-{k}", EngineCore(settings)) for k in range(replicas)]
+    lora_of = list(adapters) if adapters is not None else None
+    served = frozenset(a for a in lora_of or () if a is not None) or None  # every engine lists every adapter
+    for r in fleet:
+        r.lora = Slots(max_loras)
     events = strategy == "kv-events"
     if events:
         for r in fleet:
@@ -201,7 +217,10 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
         return [ReplicaState(r.id, in_flight=r.in_flight, in_flight_tokens=r.in_flight_tokens,
                              queued_tokens=r.queued_tokens, waiting=r.waiting, running=r.running, kv_usage=r.kv,
                              context_tokens=r.context, kv_blocks=kv_blocks, block_size=block, max_num_seqs=seqs,
-                             prefill_token_s=prefill_s, context_token_s=context_s) for r in fleet]
+                             prefill_token_s=prefill_s, context_token_s=context_s, adapters=served,
+                             lora_running=r.lora_seen[0], lora_waiting=r.lora_seen[1],
+                             in_flight_adapters=frozenset(r.adapters), max_loras=max_loras if served else None)
+                for r in fleet]
 
     next_scrape = float(arrivals[0]) if n else 0.0
     if n:
@@ -222,9 +241,12 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
                 hashes = ek + tuple(range(unique, unique + rest))
                 unique += rest
             expect = round(mean_out)
-            pick = picker.pick(PickRequest(hashes, p, expect), states())
+            adapter = lora_of[i] if lora_of is not None else None
+            pick = picker.pick(PickRequest(hashes, p, expect, adapter), states())
             assert pick is not None  # every simulated replica is ready
             r = fleet[int(pick.replica.rsplit("-", 1)[1])]
+            if adapter is not None:
+                r.adapters[adapter] += 1
             uncached = max(p - pick.cached_blocks * block, 1)
             need = uncached + expect
             r.in_flight += 1
@@ -238,7 +260,15 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
             continue
         t, _, kind, payload = heapq.heappop(heap)
         if kind == _ENTER:
-            r, req = payload
+            r, req, *admitted = payload
+            adapter = lora_of[req.rid] if lora_of is not None else None
+            if adapter is not None and not admitted:  # a LoRA slot first (a wait, or a load)
+                delay = r.lora.admit(adapter, (r, req, True))
+                if delay is None:
+                    continue
+                if delay:
+                    push(t + delay, _ENTER, (r, req, True))
+                    continue
             if r.run is not None:  # the engine plans it once the step running now has ended
                 end = settle(r, t)
                 r.gen += 1
@@ -276,6 +306,11 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
                 r.in_flight -= 1
                 r.in_flight_tokens -= rec.need
                 r.context -= rec.context
+                if lora_of is not None and (adapter := lora_of[req.rid]) is not None:
+                    r.adapters[adapter] -= 1
+                    r.adapters = +r.adapters
+                    for item, delay in r.lora.release(adapter):
+                        push(t + delay, _ENTER, item)
                 done_n += 1
                 mean_out += (req.num_output - mean_out) / min(done_n, 1000)
             if events:
@@ -297,6 +332,7 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
                 r.waiting = float(len(sched.waiting))
                 r.running = float(len(sched.running))
                 r.kv = sched.usage()
+                r.lora_seen = r.lora.state()
             if i < n or any(r.busy for r in fleet):
                 next_scrape = t + scrape_interval
                 push(next_scrape, _SCRAPE, None)
@@ -328,4 +364,8 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
         "preemptions": sum(r.core.counters.preemptions for r in fleet),
         "per_replica": per,
     }
+    if served:
+        summary["lora"] = {"max_loras": max_loras, "affinity": lora_affinity,
+                           "adapter_loads": sum(r.lora.loads for r in fleet),
+                           "slot_waits": sum(r.lora.waits for r in fleet)}
     return FleetResult(summary, refused)

@@ -1,0 +1,48 @@
+"""LoRA slots in `oculis sim fleet`'s virtual time: the slot bookkeeping on hand-checked sequences, and a
+small fleet where adapter affinity keeps adapters on their replicas."""
+
+from __future__ import annotations
+
+import pytest
+
+from oculis_sim import config, fleet, workload
+from oculis_sim.fleetlora import Slots
+from oculis_sim.lora import LOAD_S
+
+
+def test_slots_admit_wait_load_and_release_in_order() -> None:
+    s = Slots(2)
+    assert s.admit("a", 1) == LOAD_S and s.admit("b", 2) == LOAD_S  # two slots: both load
+    assert s.admit("a", 3) == 0.0  # a runs: joins, nothing to load
+    assert s.admit("c", 4) is None and s.admit("d", 5) is None  # both slots taken: they wait
+    assert s.state() == (frozenset({"a", "b"}), frozenset({"c", "d"}))
+    assert s.release("a") == []  # a still runs (request 3)
+    assert s.release("a") == [(4, LOAD_S)]  # a's slot frees: c (first waiting) loads into it, d still waits
+    assert s.admit("b", 6) == 0.0  # b runs: a new request for it skips the queue, as vLLM's scheduler does
+    assert s.release("b") == [] and s.release("b") == [(5, LOAD_S)]
+    assert s.resident == ["c", "d"] and (s.loads, s.waits) == (4, 2)
+    s.release("c")
+    assert s.admit("c", 7) == 0.0  # still resident in its slot: no load
+
+
+def test_affinity_keeps_adapters_on_fewer_replicas_with_fewer_loads_and_waits() -> None:
+    s = config.resolve("meta-llama/Llama-3.1-8B-Instruct", "H100-80GB")
+    wl = workload.parse({"prompt_tokens": 200, "output_tokens": 100, "stages": [{"rate": 30, "seconds": 20}],
+                         "seed": 5})
+    lora = [f"adapter-{i % 4}" for i in range(len(wl))]
+    blind = fleet.run(s, wl, 2, "least-loaded", adapters=lora, max_loras=2, lora_affinity=False).summary
+    aff = fleet.run(s, wl, 2, "least-loaded", adapters=lora, max_loras=2).summary
+    assert blind["requests"] == aff["requests"] == len(wl)
+    assert aff["lora"]["slot_waits"] < blind["lora"]["slot_waits"]
+    assert aff["lora"]["adapter_loads"] < blind["lora"]["adapter_loads"]
+    assert "lora" not in fleet.run(s, wl, 2, "least-loaded").summary  # no adapters: the summary as before
+
+
+@pytest.mark.parametrize("strategy", ["random", "prefix"])
+def test_every_request_is_served_with_adapters(strategy: str) -> None:
+    s = config.resolve("meta-llama/Llama-3.1-8B-Instruct", "H100-80GB")
+    wl = workload.parse({"prompt_tokens": 100, "output_tokens": 20, "stages": [{"rate": 10, "seconds": 5}],
+                         "seed": 1})
+    lora: list[str | None] = [None if i % 3 == 0 else f"a{i % 5}" for i in range(len(wl))]
+    out = fleet.run(s, wl, 3, strategy, adapters=lora, max_loras=1).summary  # type: ignore[arg-type]
+    assert out["requests"] == len(wl) and out["lora"]["max_loras"] == 1
