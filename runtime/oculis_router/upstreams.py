@@ -452,6 +452,12 @@ class Caller:
         except BaseException as exc:
             if lease is not None:
                 lease.failed() if replica_fault(exc) else lease.release()
+                if lease.adapter is not None and isinstance(exc, UpstreamRejected) and exc.status == 404:
+                    # vLLM's "model does not exist": the adapter left that engine since its list was read.
+                    # Struck from the list there, the call tries a replica that lists it (or is told none does).
+                    lease.replica.adapters = (lease.replica.adapters or frozenset()) - {lease.adapter}
+                    raise Retryable(Verdict("retry", f"replica {lease.replica.id} no longer serves adapter "
+                                            f"{lease.adapter!r} (404)", kind="adapter_not_loaded")) from exc
             if (retry := self._canary(up, rev, exc)) is not None:
                 raise retry from exc
             raise
