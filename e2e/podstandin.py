@@ -3,10 +3,11 @@
 kwok walks pods to Running but runs nothing. This watches the Running pods of GPUUpstreams'
 Deployments (labels app.kubernetes.io/managed-by=oculis, app.kubernetes.io/name=vllm, or vllm-canary for
 a canary's pods) and, for each,
-starts `oculis sim serve` with the pod's own container arguments (its rendered `vllm serve` argv)
-on a free 127.0.0.1 port (a later --host/--port overrides the pod's 0.0.0.0:8000) and the node's GFD
-product label as --gpu. A pod that is deleted, terminating or no longer Running has its process
-stopped (SIGTERM, as the kubelet does). Once a simulator answers /health it is listed in:
+starts `oculis sim serve` with the pod's own container arguments (its rendered `vllm serve` argv) and
+environment (its literal `env` values, e.g. VLLM_ALLOW_RUNTIME_LORA_UPDATING) on a free 127.0.0.1
+port (a later --host/--port overrides the pod's 0.0.0.0:8000) and the node's GFD product label as
+--gpu. A pod that is deleted, terminating or no longer Running has its process stopped (SIGTERM, as
+the kubelet does). Once a simulator answers /health it is listed in:
   - targets.json: Prometheus file-based discovery targets labelled namespace, pod, upstream;
   - endpoints.json: {SERVICE_HOST: {namespace, upstream, ports, pods}} for `oculis serve --endpoints`,
     keyed by the host of the base_url the operator writes into the router config: the stable Service
@@ -74,6 +75,7 @@ class PodView:
     serving: bool  # Running and not being deleted: a process should run for it
     track: str = "stable"  # or "canary": which Service selects it
     real: bool = False  # annotated REAL_ANNOTATION: real vLLM on CPU
+    env: tuple[tuple[str, str], ...] = ()  # the engine container's env with literal values, as the kubelet sets it
 
     @property
     def key(self) -> str:
@@ -99,7 +101,9 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
                    upstream=upstream, args=tuple(containers[0].get("args") or ()), node=spec.get("nodeName"),
                    serving=status.get("phase") == "Running" and not meta.get("deletionTimestamp"),
                    track="canary" if labels.get(TRACK_LABEL) == "canary" else "stable",
-                   real=(meta.get("annotations") or {}).get(REAL_ANNOTATION) == "true")
+                   real=(meta.get("annotations") or {}).get(REAL_ANNOTATION) == "true",
+                   env=tuple((str(e["name"]), str(e["value"])) for e in containers[0].get("env") or []
+                             if isinstance(e, dict) and e.get("name") and isinstance(e.get("value"), str)))
 
 
 def kv_events_override(pod: PodView, port: int) -> str | None:
@@ -275,7 +279,7 @@ class StandIn:
     def _start(self, pod: PodView) -> None:
         gpu = self.gpu_of(pod.node) if pod.node else None
         port, kv_port = free_port(), free_port()
-        argv, env = sim_argv(self.oculis, pod, port, gpu, kv_port), None
+        argv, env = sim_argv(self.oculis, pod, port, gpu, kv_port), {**os.environ, **dict(pod.env)}
         kv = f"tcp://{LOOPBACK}:{kv_port}" if kv_events_override(pod, kv_port) else None
         if pod.real:
             try:
@@ -300,7 +304,8 @@ class StandIn:
         if problem := realvllm.venv_problem(venv):
             raise RuntimeError(problem)
         model = realvllm.tiny_model(venv)
-        return real_vllm_argv(str(venv / "bin" / "vllm"), str(model), pod, port), realvllm.engine_env()
+        return real_vllm_argv(str(venv / "bin" / "vllm"), str(model), pod, port), {**realvllm.engine_env(),
+                                                                                    **dict(pod.env)}
 
     def _stop(self, key: str) -> None:
         proc = self.procs.pop(key)

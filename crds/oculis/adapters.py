@@ -9,6 +9,7 @@ VLLM_LORA_RANKS, default 16; `--max-loras` default 1), so a spec it would refuse
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -89,6 +90,10 @@ class Adapter(Model):
         base = f"{ADAPTER_MOUNT_DIR}/{self.name}"
         return f"{base}/{vol.sub_path.strip('/')}" if vol.sub_path else base
 
+    def mount_path(self) -> str | None:
+        """Where its PVC or ConfigMap is mounted in the engine pod; None for a HF id or a path (nothing to mount)."""
+        return f"{ADAPTER_MOUNT_DIR}/{self.name}" if self.source.pvc or self.source.config_map else None
+
 
 def adapter_problem(adapters: list[Adapter], max_lora_rank: int | None) -> str | None:
     """Why this adapter list is refused (duplicate name, rank above maxLoraRank), or None."""
@@ -133,27 +138,48 @@ LORA_FLAGS = ("--enable-lora", "--max-loras", "--max-lora-rank", "--lora-modules
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # lets /v1/load_lora_adapter change adapters without a restart
 
 
-def lora_args(adapters: list[Adapter], max_loras: int | None, max_lora_rank: int | None) -> list[str]:
-    """The `vllm serve` flags serving `adapters` (spelled as vLLM 0.32's parser takes them; none without
-    adapters). `--lora-modules` takes several `name=path` arguments, so they follow it separately."""
-    if not adapters:
-        return []
-    return ["--enable-lora", f"--max-loras={max_loras or DEFAULT_MAX_LORAS}",
-            f"--max-lora-rank={max_lora_rank or DEFAULT_MAX_LORA_RANK}",
-            "--lora-modules", *(f"{a.name}={a.module_path()}" for a in adapters)]
+def lora_args(adapters: list[Adapter], max_loras: int | None, max_lora_rank: int | None,
+              runtime: bool = True) -> list[str]:
+    """The `vllm serve` flags of a LoRA-enabled engine (spelled as vLLM 0.32's parser takes them). With
+    `runtime` (VLLM_ALLOW_RUNTIME_LORA_UPDATING) the adapters are loaded through the engine's API
+    (oculis_operator.adapter_loading), so they are not in the argv and adding or removing one restarts
+    nothing; otherwise `--lora-modules` names them, with its several `name=path` arguments after it."""
+    args = ["--enable-lora", f"--max-loras={max_loras or DEFAULT_MAX_LORAS}",
+            f"--max-lora-rank={max_lora_rank or DEFAULT_MAX_LORA_RANK}"]
+    if not runtime and adapters:
+        args += ["--lora-modules", *(f"{a.name}={a.module_path()}" for a in adapters)]
+    return args
+
+
+def volume_name(adapter: str) -> str:
+    """The pod volume of an adapter held in a PVC or ConfigMap: named after the adapter (a hash: adapter names
+    may hold '.' and '_', volume names may not), so adding or removing another adapter leaves it as it is."""
+    return f"lora-{hashlib.sha256(adapter.encode()).hexdigest()[:12]}"
 
 
 def adapter_volumes(adapters: list[Adapter]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Pod volumes and the engine container's read-only mounts for adapters held in a PVC or ConfigMap."""
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
-    for i, a in enumerate(adapters):
+    for a in adapters:
         s = a.source
         if s.pvc is not None:
-            volumes.append({"name": f"lora-{i}", "persistentVolumeClaim": {"claimName": s.pvc.name, "readOnly": True}})
+            volumes.append({"name": volume_name(a.name),
+                            "persistentVolumeClaim": {"claimName": s.pvc.name, "readOnly": True}})
         elif s.config_map is not None:
-            volumes.append({"name": f"lora-{i}", "configMap": {"name": s.config_map.name}})
+            volumes.append({"name": volume_name(a.name), "configMap": {"name": s.config_map.name}})
         else:
             continue
-        mounts.append({"name": f"lora-{i}", "mountPath": f"{ADAPTER_MOUNT_DIR}/{a.name}", "readOnly": True})
+        mounts.append({"name": volume_name(a.name), "mountPath": a.mount_path(), "readOnly": True})
     return volumes, mounts
+
+
+class AdapterStatus(Model):
+    """One declared adapter on the running engines."""
+
+    name: str
+    """The adapter"""
+    ready: int
+    """Ready replicas holding it (it is ready when every ready replica does)"""
+    reason: str | None = None
+    """Why it is not on every ready replica: the engine's answer to loading it, or what it waits for"""

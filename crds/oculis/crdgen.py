@@ -100,7 +100,7 @@ def gpuupstream_crd() -> dict[str, Any]:
         ("REASON", "string", f"{ready}.reason"), ("KV-TOKENS", "integer", ".status.capacity.kvCacheTokens"),
         ("OBSERVED-KV", "integer", ".status.capacity.observedTokens"),
         ("MAX-CONC", "integer", ".status.capacity.maxConcurrency"), ("CANARY", "string", ".status.canary.summary"),
-        ("AGE", "date", ".metadata.creationTimestamp"),
+        ("ADAPTERS", "string", ".status.adaptersReady"), ("AGE", "date", ".metadata.creationTimestamp"),
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from oculis.adapters import ADAPTER_CEL_RULES, MAX_ADAPTERS, Adapter, LoraRank, adapter_problem
+from oculis.adapters import ADAPTER_CEL_RULES, MAX_ADAPTERS, Adapter, AdapterStatus, LoraRank, adapter_problem
 from oculis.base import Model
 from oculis.gpus import GPU_PRODUCTS
 from oculis.router import DEFAULT_PICKER, NAME_PATTERN, PickerName, Pricing, Provider, Timeouts
@@ -220,6 +220,10 @@ class Engine(Model):
                                   "can use at once (vLLM --max-loras, default 1); each slot is planned in GPU memory")
     max_lora_rank: LoraRank | None = Field(
         None, description="With spec.adapters: the largest adapter rank (vLLM --max-lora-rank, default 16)")
+    runtime_lora_updating: bool = Field(
+        True, description="With spec.adapters: the operator loads and unloads adapters through the engine's API "
+        "(VLLM_ALLOW_RUNTIME_LORA_UPDATING), so adding or removing one restarts no pod; false: they are "
+        "--lora-modules flags and a change rolls the pods")
 
 
 class Traffic(Model):
@@ -457,6 +461,18 @@ class GPUUpstreamSpec(Model):
     @property
     def self_hosted(self) -> bool:
         return self.provider == "vllm"
+
+    @property
+    def lora_enabled(self) -> bool:
+        """The engine serves LoRA adapters (--enable-lora): `adapters` is set, even empty (so the first adapter
+        added or the last removed restarts nothing), or engine.maxLoras is."""
+        return self.self_hosted and (self.adapters is not None or (
+            self.engine is not None and self.engine.max_loras is not None))
+
+    @property
+    def runtime_adapters(self) -> bool:
+        """Adapters are loaded through the engine's API, not in the pod template (engine.runtimeLoraUpdating)."""
+        return self.lora_enabled and (self.engine is None or self.engine.runtime_lora_updating)
 
     @field_validator("pod_annotations", "node_selector")
     @classmethod
@@ -701,6 +717,10 @@ class GPUUpstreamStatus(Model):
     rollout: str | None = Field(None, description="What the rollout is doing or waiting for")
     autoscaling: AutoscalingStatus | None = None
     """spec.autoscaling: the last decision, its figures and the stabilisation state"""
+    adapters: list[AdapterStatus] | None = None
+    """spec.adapters on the running engines: per adapter, the ready replicas holding it and why not all do"""
+    adapters_ready: str | None = Field(None, description="Printer column ADAPTERS: adapters on every ready "
+                                       "replica / adapters declared")
 
 
 class GPUUpstream(Model):

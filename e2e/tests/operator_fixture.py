@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from e2e_support import localcluster
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -41,7 +43,11 @@ class OperatorProcess:
                     "OCULIS_WEBHOOK_CERT": str(cert), "OCULIS_WEBHOOK_KEY": str(key), "OCULIS_WEBHOOK_CA": str(cert),
                     # the sandbox's Prometheus (e2e/cluster serve-pods), for the plan-vs-engine KV check
                     "OCULIS_PROMETHEUS_URL":
-                        f"http://127.0.0.1:{os.environ.get('OCULIS_E2E_PROMETHEUS_PORT', '29090')}"}
+                        f"http://127.0.0.1:{os.environ.get('OCULIS_E2E_PROMETHEUS_PORT', '29090')}",
+                    # engine pods (LoRA adapter loading) reached at the pod stand-in's loopback ports, never
+                    # at their fake pod IPs
+                    "OCULIS_ENGINE_ENDPOINTS": str(localcluster.SIM / "endpoints.json"),
+                    "OCULIS_ADAPTER_SECONDS": "1"}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

@@ -88,7 +88,8 @@ def build(spec: GPUUpstreamSpec, resolved: dict[str, int], alias: str | None = N
         argv.append(f"--speculative-config={sc}")
     if publishes_kv_events(spec):
         argv.append(f"--kv-events-config={KV_EVENTS_CONFIG}")
-    argv += lora_args(spec.adapters or [], engine.max_loras, engine.max_lora_rank)
+    if spec.lora_enabled:
+        argv += lora_args(spec.adapters or [], engine.max_loras, engine.max_lora_rank, spec.runtime_adapters)
     for i, extra in enumerate(engine.extra_args):
         flag = flag_name(extra)
         if flag in OWNED or flag in ("--preemption-mode", "--swap-space"):

@@ -13,6 +13,9 @@ lives in status (GitOps tools replace annotations). Environment:
   OCULIS_METRICS_PORT (+ _ADDR): serve the operator's Prometheus metrics (`oculis_operator_*`).
   OCULIS_WEBHOOK_PORT (+ _ADDR, _HOST, _CERT, _KEY, _CA): serve the validating webhook, which
   refuses at apply time a change whose single sequence or weights cannot fit.
+  OCULIS_ADAPTER_SECONDS (default 5): how often the LoRA adapters of each upstream serving LoRA are
+  compared with what its engines hold and loaded/unloaded (adapter_sync); OCULIS_ENGINE_ENDPOINTS=FILE:
+  reach engine pods at the 127.0.0.1 ports of the pod stand-in's endpoint map instead of their pod IPs.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from urllib3.exceptions import HTTPError
 
 from oculis import gpus
 from oculis.inferenceroute import ClassifierDriftAlarm
-from oculis.upstream import GPU, Autoscaling, Canary, duration_seconds
+from oculis.upstream import GPU, Autoscaling, Canary, GPUUpstreamSpec, duration_seconds
 from oculis_operator import (
+    adapter_sync,
     autoscale,
     canary,
     classifier_drift,
@@ -64,6 +68,7 @@ AUTOSCALE_DEMAND_WINDOW_SECONDS = float(os.environ.get("OCULIS_AUTOSCALE_DEMAND_
 DRIFT_NAMESPACES: set[str] = set()  # namespaces with a route whose classifierDrift is watched
 # The speculative-decoding guard's window: acceptance is judged over this many seconds.
 SPECULATIVE_WINDOW_SECONDS = int(os.environ.get("OCULIS_SPECULATIVE_WINDOW_SECONDS", "300"))
+ADAPTER_SECONDS = float(os.environ.get("OCULIS_ADAPTER_SECONDS", "5"))  # the LoRA adapter sync's period
 WAITING_REASONS = {"SecretNotFound", "SecretKeyMissing"}
 EXTERNAL_EVERY = 6  # recheck rounds between looks at every external upstream's Secret
 log = logging.getLogger("oculis.operator")
@@ -94,6 +99,20 @@ async def start_rechecks(memo: kopf.Memo, **_: Any) -> None:
     # A task created here inherits kopf's context, so events can still be posted from it.
     memo.rechecks = asyncio.create_task(recheck(memo))
 
+    async def adapters_changed(namespace: str, name: str) -> None:
+        named = Prefixed(log, {"obj": f"{namespace}/{name}"})
+        await in_event_context(memo.kube, functools.partial(reconcile_named, memo, namespace, name, named))
+
+    memo.adapter_sync = asyncio.create_task(adapter_sync.run(memo.kube, adapters_changed, ADAPTER_SECONDS))
+
+
+async def in_event_context(kube: Kube, call: Any) -> None:
+    """Run a reconcile from a startup task in a thread, in a handler's context: kopf sets its event queue
+    only in an object's handler, not in a startup task; without it kopf.info/warn raised LookupError here,
+    so a recheck posted no Event and stopped before its warnings (a canary's rollback among them)."""
+    ctx = kube.event_context
+    await asyncio.to_thread(ctx.copy().run, call) if ctx is not None else await asyncio.to_thread(call)
+
 
 async def recheck(memo: kopf.Memo) -> None:
     """Reconcile again, by name, the upstreams whose last reconcile failed or waits for a Secret, and
@@ -107,12 +126,7 @@ async def recheck(memo: kopf.Memo) -> None:
         for namespace, name in sorted(due):
             with contextlib.suppress(Exception):  # one failing upstream must not stop the others
                 named = Prefixed(log, {"obj": f"{namespace}/{name}"})
-                call = functools.partial(reconcile_named, memo, namespace, name, named)
-                # kopf sets its event queue only in the context of an object's handler, not of a startup
-                # task: without a handler's context kopf.info/warn raised LookupError here, so a recheck
-                # posted no Event and stopped before its warnings (a canary's rollback among them).
-                ctx = kube.event_context
-                await asyncio.to_thread(ctx.copy().run, call) if ctx is not None else await asyncio.to_thread(call)
+                await in_event_context(kube, functools.partial(reconcile_named, memo, namespace, name, named))
         for namespace in sorted(kube.recheck_routes | DRIFT_NAMESPACES):
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(render_routes_or_recheck, kube, namespace, log, True)
@@ -127,8 +141,9 @@ class Prefixed(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 @kopf.on.cleanup()
 def report(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    if getattr(memo, "rechecks", None) is not None:
-        memo.rechecks.cancel()
+    for task in (getattr(memo, "rechecks", None), getattr(memo, "adapter_sync", None)):
+        if task is not None:
+            task.cancel()
     # One line the scale benchmark reads: how many API requests the reconciles cost.
     logger.info(f"oculis totals: {memo.kube.reconciles} reconciles, {memo.kube.requests} API requests")
 
@@ -303,6 +318,7 @@ def reconcile_named(memo: kopf.Memo, namespace: str, name: str, logger: kopf.Log
                 kube.external.discard((namespace, name))
                 kube.last_failure.pop((namespace, name), None)
                 kube.reported.pop((namespace, name), None)
+                forget_adapters(kube, (namespace, name))
                 metrics.observe_upstream((namespace, name), None)
                 return
             reconcile_one(kube, upstream, logger, metrics)
@@ -350,6 +366,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         cdep is not None and rollout.progress(cdep).complete) else None
     scaled = None if external else _autoscale(kube, spec, status, dep, ns, name)
     kv_events = not external and (spec.get("routing") or {}).get("picker") == "kv-events"
+    register_adapters(kube, (ns, name), spec)
     obs = core.Observed(
         name=name, namespace=ns, uid=meta["uid"], generation=meta.get("generation", 1), spec=spec, status=status,
         deployment=dep,
@@ -363,6 +380,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         canary_deployment=cdep, has_canary_service=canary_svc, canary_samples=samples, autoscale=scaled,
         kv_events_silent=promquery.prometheus_value(PROMETHEUS_URL, promquery.kv_events_silent_query(ns, name))
         if kv_events and PROMETHEUS_URL else None,
+        adapters=kube.adapter_reports.get((ns, name)),
     )
 
     def spare(product: str) -> int:
@@ -420,7 +438,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     for kind, patch in (("Service", out.service_patch), ("PodDisruptionBudget", out.pdb_patch)):
         if patch is not None:
             kube.patch_workload(kind, ns, name, patch)
-    for line in out.log:
+    for line in out.log + kube.adapter_log.pop((ns, name), []):
         logger.info(line)
         kopf.info(kopf.Body(upstream), reason="Reconciled", message=line[:1000])  # type: ignore[arg-type]
     # Each problem once while it lasts (reconciles repeat on every Deployment event), again if it recurs.
@@ -430,6 +448,25 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
             logger.warning(message)
             kopf.warn(kopf.Body(upstream), reason=reason, message=message[:1000])  # type: ignore[arg-type]
     kube.reported[(ns, name)] = now_warnings
+
+
+def register_adapters(kube: Kube, key: tuple[str, str], spec: dict[str, Any]) -> None:
+    """An upstream whose engines serve LoRA is visited by the adapter sync (adapter_sync.run) with its spec;
+    one that stopped (or whose spec is invalid: the reconcile reports it) is not."""
+    try:
+        parsed = GPUUpstreamSpec.model_validate(spec)
+    except ValidationError:
+        parsed = None
+    if parsed is not None and parsed.lora_enabled:
+        kube.lora_upstreams[key] = parsed
+    else:
+        forget_adapters(kube, key)
+
+
+def forget_adapters(kube: Kube, key: tuple[str, str]) -> None:
+    kube.lora_upstreams.pop(key, None)
+    kube.adapter_reports.pop(key, None)
+    kube.adapter_log.pop(key, None)
 
 
 def read_speculation(namespace: str, name: str) -> speculative.Sample | None:

@@ -13,7 +13,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from oculis_operator import render
+from oculis.upstream import GPUUpstreamSpec
+from oculis_operator import adapter_loading, render
 
 GROUP, VERSION, PLURAL = "oculis.dev", "v1alpha1", "gpuupstreams"
 # Our patches are JSON merge patches (drift.revert_patch): lists replaced whole and null removing a key,
@@ -51,6 +52,11 @@ class Kube:
         self.event_context: contextvars.Context | None = None
         self.pools_applied: dict[tuple[str, str], dict[str, Any]] = {}  # InferencePool specs written, by upstream
         self.no_pool_crd_until = 0.0  # the InferencePool CRD was absent: not asked again before this time
+        # Runtime LoRA adapters (adapter_sync): the upstreams serving LoRA and their spec, registered by the
+        # reconciles; what their engines held at the last pass; what the passes did, for the next Events.
+        self.lora_upstreams: dict[tuple[str, str], GPUUpstreamSpec] = {}
+        self.adapter_reports: dict[tuple[str, str], adapter_loading.Report | None] = {}
+        self.adapter_log: dict[tuple[str, str], list[str]] = {}
 
     def lock_for(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -135,6 +141,12 @@ class Kube:
                 if c.get("type") == "PodScheduled" and c.get("status") == "False":
                     reasons.append(f"pod {pod['metadata']['name']} unschedulable: {c.get('message', '')}")
         return reasons
+
+    def engine_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The upstream's engine pods, stable and canary (both carry the upstream label)."""
+        pods = self._raw(self.core.list_namespaced_pod, namespace, label_selector=f"{render.UPSTREAM_LABEL}={name}")
+        items: list[dict[str, Any]] = (pods or {}).get("items", [])
+        return items
 
     def create(self, body: Any) -> None:  # the client takes plain dicts as bodies
         ns, kind = body["metadata"]["namespace"], body["kind"]

@@ -23,6 +23,7 @@ from oculis.base import format_errors
 from oculis.router import PROVIDER_URLS
 from oculis.upstream import DNS_1035, MAX_NAME, Canary, Engine, GPUUpstreamSpec
 from oculis_operator import (
+    adapter_loading,
     autoscale,
     canary,
     capacity,
@@ -68,6 +69,8 @@ class Observed:
     autoscale: autoscale.Decision | None = None
     # picker kv-events: the router's count of replicas it hears no KV events from (Prometheus); None: not read
     kv_events_silent: float | None = None
+    # LoRA: the declared adapters on the ready engines at the adapter sync's last pass; None: not looked yet
+    adapters: adapter_loading.Report | None = None
 
 
 @dataclass
@@ -270,8 +273,26 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
             conds.set("Ready", "False", *problem)
             out.warnings.append(problem)
     _kv_events(obs, spec, conds, out)
+    _adapters(obs, spec, conds, status, out)
     out.status = {**status, "conditions": conds.items}
     return out
+
+
+def _adapters(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status: dict[str, Any], out: Outcome) -> None:
+    """status.adapters, the ADAPTERS column and AdaptersReady from the adapter sync's last look. An adapter
+    the engine will not load is a Warning and AdaptersReady=False naming it; Ready is the base model's and
+    stays as it is (the other adapters serve), and nothing is rolled or deleted for it."""
+    if not spec.lora_enabled:
+        if obs.status.get("adapters") is not None or obs.status.get("adaptersReady") is not None:
+            status.update(adapters=None, adaptersReady=None)  # null: the merge patch removes them
+        if condition_of(obs.status, "AdaptersReady"):
+            conds.set("AdaptersReady", "True", "NoAdapters", "the engine serves no LoRA adapters")
+        return
+    entries, summary, cond, warning = adapter_loading.status_of([a.name for a in spec.adapters or []], obs.adapters)
+    status.update(adapters=entries, adaptersReady=summary)
+    conds.set("AdaptersReady", *cond)
+    if warning is not None:
+        out.warnings.append(warning)
 
 
 def _kv_events(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, out: Outcome) -> None:
@@ -381,7 +402,7 @@ def check(spec: GPUUpstreamSpec, model_config_text: str | None = None,
     # The budget terms changed across vLLM releases: plan for the version the engine image runs.
     return capacity.plan(model, gpus.lookup(spec.gpu.product), spec.gpu.count, engine, spec.traffic, draft,
                          spec.model, vllm_version=capacity.vllm_version(spec.image or engine_args.VLLM_IMAGE),
-                         lora=bool(spec.adapters))
+                         lora=spec.lora_enabled)
 
 
 def _report_progress(obs: Observed, existing: dict[str, Any] | None, desired_hash: str, writing: bool,

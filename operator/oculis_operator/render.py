@@ -94,10 +94,14 @@ def pod_template(name: str, spec: GPUUpstreamSpec, argv: list[str], weights_byte
         "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
         "terminationGracePeriodSeconds": 60,
     }
-    if spec.adapters:  # only then, so templates without adapters (and their engine hash) stay as they were
-        volumes, mounts = adapter_volumes(spec.adapters)
+    if spec.lora_enabled:  # only then, so templates without LoRA (and their engine hash) stay as they were
+        # The adapter set itself is not in the template when the engine loads adapters at runtime (the
+        # operator does, adapter_loading.py): only the volumes of PVC/ConfigMap adapters are, which a pod
+        # can mount only when it starts.
+        volumes, mounts = adapter_volumes(spec.adapters or [])
         container = pod_spec["containers"][0]
-        container["env"] = [{"name": RUNTIME_LORA_ENV, "value": "True"}]
+        if spec.runtime_adapters:
+            container["env"] = [{"name": RUNTIME_LORA_ENV, "value": "True"}]
         container["volumeMounts"] += mounts
         pod_spec["volumes"] += volumes
     if spec.node_selector:

@@ -1,8 +1,16 @@
 """LoRA adapters on the simulator, as vLLM 0.32 serves them (`--enable-lora --max-loras N
 --lora-modules name=path ...`): each adapter is a model name of its own, listed by /v1/models with its
 `parent` (the first served name) and `root` (its path); `/v1/load_lora_adapter` and
-`/v1/unload_lora_adapter` answer with vLLM's words (vllm/entrypoints/openai/models/serving.py);
-`vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}` is exported.
+`/v1/unload_lora_adapter` answer with vLLM's words (vllm/entrypoints/openai/models/serving.py), and exist
+only with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1/true in the environment, as in vLLM (otherwise a 404, as
+FastAPI answers a route that is not there); `vllm:lora_requests_info{max_lora, running_lora_adapters,
+waiting_lora_adapters}` is exported.
+
+A runtime load reads the adapter as vLLM does: a local folder (an absolute path, `~`, or a relative one
+that exists) must hold `adapter_config.json`, else vLLM's 404 "Loading lora NAME failed: No adapter found
+for PATH"; any other name is a Hugging Face repository, which the simulator takes as downloaded (it
+fetches nothing) unless HF_HUB_OFFLINE is set, when vLLM finds nothing either. Adapters named at start
+(--lora-modules) are not read: the sandbox's pods name paths of their own volumes.
 
 The slot limit: at most `max_loras` distinct adapters run in one step; a request for another waits
 (vLLM's scheduler skips it until a slot frees), and a first request for an adapter that is not in a GPU
@@ -15,8 +23,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +36,21 @@ from oculis_sim.api_request import ApiError
 
 FLAGS = ("--enable-lora", "--max-loras", "--max-lora-rank", "--lora-modules")
 LOAD_S = 0.05  # first use of an adapter not in a GPU slot: a few MB copied host-to-device
+RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+def _true(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "0").strip().lower() in ("1", "true")  # vllm/envs.py reads it so
+
+
+def adapter_found(path: str, hf_offline: bool) -> bool:
+    """Whether vLLM 0.32 would find the adapter (vllm/lora/utils.py get_adapter_absolute_path, then
+    PEFTHelper reading adapter_config.json): a local folder must hold its config; a Hugging Face id is
+    taken as fetched unless offline."""
+    local = os.path.expanduser(path)
+    if os.path.isabs(local) or os.path.exists(local):
+        return os.path.isfile(os.path.join(local, "adapter_config.json"))
+    return not hf_offline
 
 
 @dataclass
@@ -41,6 +65,8 @@ class Adapters:
     slots: list[str] = field(default_factory=list)  # adapters in GPU slots, least recently used first
     freed: asyncio.Event | None = None
     on_change: Callable[[], None] | None = None  # refreshes vllm:lora_requests_info
+    runtime_updating: bool = False  # VLLM_ALLOW_RUNTIME_LORA_UPDATING: the load/unload endpoints exist
+    hf_offline: bool = False  # HF_HUB_OFFLINE: a Hugging Face id cannot be fetched
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -89,6 +115,8 @@ class Adapters:
         if name in self.modules and not body.get("load_inplace"):
             return _error(400, f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
                           "in place, set 'load_inplace' to True.", "InvalidUserInput")
+        if not adapter_found(str(path), self.hf_offline):  # vllm.exceptions.LoRAAdapterNotFoundError
+            return _error(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError")
         self.modules[str(name)] = str(path)
         return 200, f"Success: LoRA adapter '{name}' added successfully."
 
@@ -108,9 +136,10 @@ def _error(status: int, message: str, err_type: str) -> tuple[int, dict[str, Any
     return status, ApiError(status, message, err_type).body()
 
 
-def from_args(ignored: list[str], base: str) -> tuple[Adapters | None, list[str]]:
+def from_args(ignored: list[str], base: str, env: Mapping[str, str] | None = None) -> tuple[Adapters | None, list[str]]:
     """The adapters the LoRA flags among `ignored` (what the simulator's own parser left) ask for, and the
-    rest. None without --enable-lora (vLLM then serves no adapter)."""
+    rest; `env` (default: this process's) says whether runtime loading is allowed. None without
+    --enable-lora (vLLM then serves no adapter)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--enable-lora", action="store_true")
     p.add_argument("--max-loras", type=int, default=1)
@@ -127,11 +156,13 @@ def from_args(ignored: list[str], base: str) -> tuple[Adapters | None, list[str]
         else:
             name, _, path = m.partition("=")
             modules[name] = path
-    return Adapters(base, max(1, args.max_loras), modules), rest
+    env = os.environ if env is None else env
+    return Adapters(base, max(1, args.max_loras), modules, runtime_updating=_true(env, RUNTIME_ENV),
+                    hf_offline=(env.get("HF_HUB_OFFLINE") or "").upper() in ("1", "ON", "YES", "TRUE")), rest
 
 
 def add_routes(app: web.Application, adapters: Adapters, registry: CollectorRegistry | None = None) -> None:
-    """The runtime load/unload endpoints (vLLM has them with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and
+    """The runtime load/unload endpoints (vLLM has them only with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and
     the lora_requests_info gauge (value: the time of the last change, labels: the state). A request for an
     adapter not loaded is vLLM's 404 listing only the base names ("Valid aliases: tiny.", measured)."""
 
@@ -150,8 +181,11 @@ def add_routes(app: web.Application, adapters: Adapters, registry: CollectorRegi
         status, out = adapters.unload(await body_of(request))
         return web.json_response(out, status=status) if isinstance(out, dict) else web.Response(text=out)
 
-    app.router.add_post("/v1/load_lora_adapter", load)
-    app.router.add_post("/v1/unload_lora_adapter", unload)
+    async def absent(request: web.Request) -> web.Response:  # FastAPI's answer for a route it does not have
+        return web.json_response({"detail": "Not Found"}, status=404)
+
+    app.router.add_post("/v1/load_lora_adapter", load if adapters.runtime_updating else absent)
+    app.router.add_post("/v1/unload_lora_adapter", unload if adapters.runtime_updating else absent)
     if registry is not None:
         info = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
                      ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=registry)

@@ -20,22 +20,36 @@ MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 
 
 @pytest.fixture(scope="module")
+def adapter_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder vLLM would read as an adapter (a runtime load reads its adapter_config.json)."""
+    folder = tmp_path_factory.mktemp("extra")
+    (folder / "adapter_config.json").write_text('{"r": 8, "lora_alpha": 16}')
+    return folder
+
+
+@pytest.fixture(scope="module")
 def sim() -> Iterator[str]:
-    proc, base = start_sim(MODEL, "--gpu", "H100-80GB", "--served-model-name", "qwen", "--enable-lora",
-                           "--max-loras", "1", "--max-lora-rank", "16", "--lora-modules", "sql=/adapters/sql",
-                           "support=/adapters/support")
+    with pytest.MonkeyPatch.context() as env:  # the load/unload endpoints exist only with it, as in vLLM
+        env.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+        proc, base = start_sim(MODEL, "--gpu", "H100-80GB", "--served-model-name", "qwen", "--enable-lora",
+                               "--max-loras", "1", "--max-lora-rank", "16", "--lora-modules", "sql=/adapters/sql",
+                               "support=/adapters/support")
     yield base
     stop(proc)
 
 
-def test_the_simulator_serves_adapters_as_vllm_does(sim: str) -> None:
+def test_the_simulator_serves_adapters_as_vllm_does(sim: str, adapter_dir: Path) -> None:
     models = httpx.get(f"{sim}/v1/models").json()["data"]
     cards = {m["id"]: m for m in models}
     assert cards["sql"]["parent"] == "qwen" and cards["sql"]["root"] == "/adapters/sql"
     assert cards["qwen"]["parent"] is None
     answer = httpx.post(f"{sim}/v1/completions", json={"model": "sql", "prompt": "hi", "max_tokens": 2}).json()
     assert answer["model"] == "sql"
-    loaded = httpx.post(f"{sim}/v1/load_lora_adapter", json={"lora_name": "extra", "lora_path": "/adapters/extra"})
+    missing_source = httpx.post(f"{sim}/v1/load_lora_adapter", json={"lora_name": "extra",
+                                                                     "lora_path": "/adapters/extra"})
+    assert missing_source.status_code == 404 and missing_source.json()["error"]["message"] == \
+        "Loading lora extra failed: No adapter found for /adapters/extra"
+    loaded = httpx.post(f"{sim}/v1/load_lora_adapter", json={"lora_name": "extra", "lora_path": str(adapter_dir)})
     assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'extra' added successfully."
     again = httpx.post(f"{sim}/v1/load_lora_adapter", json={"lora_name": "extra", "lora_path": "/x"})
     assert again.status_code == 400 and "has already been loaded" in again.json()["error"]["message"]

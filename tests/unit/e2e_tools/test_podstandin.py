@@ -59,6 +59,11 @@ def test_pods_map_to_processes_by_phase_and_deletion() -> None:
     assert running.service_host == "llm-vllm.demo.svc"  # the base_url host the operator renders
     start, stop = ps.plan([running, pending, deleting], ["demo/c/uid-c", "demo/gone/uid-gone"])
     assert [p.name for p in start] == ["a"] and stop == ["demo/c/uid-c", "demo/gone/uid-gone"]
+    assert running.env == ()
+    lora = pod("l")
+    lora["spec"]["containers"][0]["env"] = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"},
+                                            {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s"}}}]
+    assert view(lora).env == (("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True"),)  # the sim gets the pod's env
     argv = ps.sim_argv("oculis", running, 41000, "NVIDIA-H100-80GB-HBM3")
     assert argv[:3] == ["oculis", "sim", "serve"] and argv[3:3 + len(ARGS)] == ARGS  # the pod's own args
     assert argv[3 + len(ARGS):] == ["--host", "127.0.0.1", "--port", "41000", "--gpu", "NVIDIA-H100-80GB-HBM3"]

@@ -19,7 +19,7 @@ def test_crd_is_structural_and_carries_cel_and_columns() -> None:
     assert any("maxNumBatchedTokens >= self.engine.maxNumSeqs" in r["rule"] for r in spec["x-kubernetes-validations"])
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "PROVIDER", "MODEL", "GPU", "REPLICAS", "DESIRED", "READY-REPLICAS", "READY", "REASON", "KV-TOKENS",
-        "OBSERVED-KV", "MAX-CONC", "CANARY", "AGE"]
+        "OBSERVED-KV", "MAX-CONC", "CANARY", "ADAPTERS", "AGE"]
     assert crd["spec"]["names"]["shortNames"] == ["gu"] and crd["spec"]["names"]["categories"] == ["oculis"]
 
 

@@ -1,5 +1,6 @@
 """spec.adapters rendered: vLLM 0.32's LoRA flags (spelling checked with its own parser by
-tests/realengine), the runtime-updating env, adapter volumes, and the router config's adapter names."""
+tests/realengine), the runtime-updating env (adapters then loaded through the engine's API, so adding or
+removing one keeps the pod template), adapter volumes, and the router config's adapter names."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from oculis.adapters import volume_name
 from oculis.router import RouterConfig
 from oculis.upstream import GPUUpstreamSpec
 from oculis_operator import drift, engine_args, render
@@ -24,16 +26,50 @@ def test_adapters_render_the_lora_flags_env_and_volumes() -> None:
     spec = GPUUpstreamSpec.model_validate({**VLLM, "engine": {"maxLoras": 2, "maxLoraRank": 32}, "adapters": ADAPTERS})
     argv = engine_args.build(spec, {})
     at = argv.index("--enable-lora")
-    assert argv[at:at + 6] == ["--enable-lora", "--max-loras=2", "--max-lora-rank=32", "--lora-modules",
-                               "sql=org/sql-lora", "style=/adapters/style/style"]
+    # Loaded through the engine's API (the default): the adapter set is not in the argv.
+    assert argv[at:] == ["--enable-lora", "--max-loras=2", "--max-lora-rank=32"]
     pod = render.pod_template("llama", spec, argv, 0)
     c = pod["spec"]["containers"][0]
     assert c["env"] == [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}]
-    assert {"name": "lora-1", "mountPath": "/adapters/style", "readOnly": True} in c["volumeMounts"]
-    volume = {"name": "lora-1", "persistentVolumeClaim": {"claimName": "loras", "readOnly": True}}
-    assert volume in pod["spec"]["volumes"]
+    vol = volume_name("style")
+    assert {"name": vol, "mountPath": "/adapters/style", "readOnly": True} in c["volumeMounts"]
+    assert {"name": vol, "persistentVolumeClaim": {"claimName": "loras", "readOnly": True}} in pod["spec"]["volumes"]
     dep = render.deployment("llama", "demo", "uid", spec, argv, 0, {"maxSurge": 0, "maxUnavailable": 1})
     assert drift.differences(dep, copy.deepcopy(dep), drift.DEPLOYMENT) == []  # the env is ours, not drift
+
+
+def test_without_runtime_updating_the_adapters_are_lora_modules_flags() -> None:
+    spec = GPUUpstreamSpec.model_validate({**VLLM, "engine": {"maxLoras": 2, "maxLoraRank": 32,
+                                                              "runtimeLoraUpdating": False}, "adapters": ADAPTERS})
+    argv = engine_args.build(spec, {})
+    at = argv.index("--enable-lora")
+    assert argv[at:] == ["--enable-lora", "--max-loras=2", "--max-lora-rank=32", "--lora-modules",
+                         "sql=org/sql-lora", "style=/adapters/style/style"]
+    assert "env" not in render.pod_template("llama", spec, argv, 0)["spec"]["containers"][0]
+
+
+def engine_hash(body: dict[str, Any]) -> str:
+    spec = GPUUpstreamSpec.model_validate(body)
+    return str(render.pod_template("llama", spec, engine_args.build(spec, {}), 0)["metadata"]["annotations"][
+        render.ENGINE_HASH])
+
+
+def test_adding_or_removing_a_runtime_adapter_keeps_the_pod_template() -> None:
+    """Nothing restarts: the template (and so the engine hash) is the same with 0, 1 or 2 hub/path adapters
+    while LoRA is on (adapters: [] or engine.maxLoras keeps it on); a PVC adapter adds a volume, maxLoras and
+    the opt-out change the engine, and turning LoRA on or off does too."""
+    hub = {"name": "sql", "source": {"huggingFace": "org/sql-lora"}}
+    path = {"name": "one", "source": {"path": "/models/one"}}
+    engine = {"maxLoras": 2}
+    base = engine_hash({**VLLM, "engine": engine, "adapters": []})
+    assert engine_hash({**VLLM, "engine": engine, "adapters": [hub]}) == base
+    assert engine_hash({**VLLM, "engine": engine, "adapters": [hub, path]}) == base
+    assert engine_hash({**VLLM, "engine": engine}) == base  # maxLoras alone keeps LoRA on
+    assert engine_hash({**VLLM, "adapters": [hub]}) == engine_hash({**VLLM, "adapters": []})
+    assert engine_hash({**VLLM, "engine": engine, "adapters": [hub, ADAPTERS[1]]}) != base  # its volume
+    assert engine_hash({**VLLM, "engine": {"maxLoras": 4}, "adapters": [hub]}) != base
+    assert engine_hash({**VLLM, "engine": {**engine, "runtimeLoraUpdating": False}, "adapters": [hub]}) != base
+    assert engine_hash(VLLM) != engine_hash({**VLLM, "adapters": []})  # --enable-lora: an engine change
 
 
 def test_without_adapters_nothing_changes_and_defaults_are_vllms() -> None:
@@ -41,7 +77,8 @@ def test_without_adapters_nothing_changes_and_defaults_are_vllms() -> None:
     argv = engine_args.build(plain, {})
     assert not any("lora" in a for a in argv)
     assert "env" not in render.pod_template("llama", plain, argv, 0)["spec"]["containers"][0]
-    one = GPUUpstreamSpec.model_validate({**VLLM, "adapters": [{"name": "a", "source": {"path": "/a"}}]})
+    one = GPUUpstreamSpec.model_validate({**VLLM, "adapters": [{"name": "a", "source": {"path": "/a"}}],
+                                          "engine": {"runtimeLoraUpdating": False}})
     assert engine_args.build(one, {})[-5:] == ["--enable-lora", "--max-loras=1", "--max-lora-rank=16",
                                                "--lora-modules", "a=/a"]
 
