@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from oculis.base import Model
+from oculis.vllm_flags import flag_name
 
 # vLLM 0.32 `--max-lora-rank` choices and defaults (vllm/config/lora.py; its parser refuses others).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -149,6 +150,29 @@ def lora_args(adapters: list[Adapter], max_loras: int | None, max_lora_rank: int
     if not runtime and adapters:
         args += ["--lora-modules", *(f"{a.name}={a.module_path()}" for a in adapters)]
     return args
+
+
+API_SERVER_FLAGS = {"--api-server-count": "asc", "-asc": "asc", "--data-parallel-size-local": "dpl", "-dpl": "dpl",
+                    "--data-parallel-size": "dp", "-dp": "dp"}
+
+
+def api_servers_problem(extra_args: list[str]) -> str | None:
+    """vLLM 0.32 refuses to start with VLLM_ALLOW_RUNTIME_LORA_UPDATING and more than one API server
+    (vllm/entrypoints/cli/serve.py), whose count defaults to the local data-parallel size: why these
+    extraArgs ask for more than one, or None."""
+    given: dict[str, str] = {}
+    for i, arg in enumerate(extra_args):
+        key = API_SERVER_FLAGS.get(flag_name(arg))
+        if key is None:
+            continue
+        value = arg.split("=", 1)[1] if "=" in arg else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+        given[key] = value
+    count = given.get("asc") or given.get("dpl") or given.get("dp") or "1"
+    if not count.isdigit() or int(count) <= 1:
+        return None
+    return (f"engine.extraArgs: {count} API servers (--api-server-count, or the data-parallel size it defaults to) "
+            "cannot load LoRA adapters at runtime (vLLM refuses VLLM_ALLOW_RUNTIME_LORA_UPDATING with more than one); "
+            "add --api-server-count=1 or set engine.runtimeLoraUpdating: false")
 
 
 def volume_name(adapter: str) -> str:

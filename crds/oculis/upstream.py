@@ -12,7 +12,15 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from oculis.adapters import ADAPTER_CEL_RULES, MAX_ADAPTERS, Adapter, AdapterStatus, LoraRank, adapter_problem
+from oculis.adapters import (
+    ADAPTER_CEL_RULES,
+    MAX_ADAPTERS,
+    Adapter,
+    AdapterStatus,
+    LoraRank,
+    adapter_problem,
+    api_servers_problem,
+)
 from oculis.base import Model
 from oculis.gpus import GPU_PRODUCTS
 from oculis.router import DEFAULT_PICKER, NAME_PATTERN, PickerName, Pricing, Provider, Timeouts
@@ -511,6 +519,8 @@ class GPUUpstreamSpec(Model):
         if self.adapters and not self.self_hosted:
             raise ValueError("spec.adapters apply only to provider vllm (the engine loads them); remove them")
         if self.adapters and (why := adapter_problem(self.adapters, e.max_lora_rank if e else None)):
+            raise ValueError(why)
+        if e and self.runtime_adapters and (why := api_servers_problem(e.extra_args)):
             raise ValueError(why)
         return self
 

@@ -89,3 +89,16 @@ def test_a_tier_may_name_only_an_adapter_its_upstream_declares() -> None:
         parse_config(CONFIG % "billing")
     assert ("routes[0].tiers[0].adapter: adapter 'billing' is not declared by upstream 'llama-8b' (its adapters: "
             "sql, support)") in str(exc.value)
+
+
+def test_runtime_loading_with_several_api_servers_is_refused_as_vllm_would() -> None:
+    adapters = [{"name": "sql", "source": {"path": "/a"}}]
+    msg = refusal(spec(adapters=adapters, engine={"extraArgs": ["--api-server-count=2"]}))
+    assert "2 API servers" in msg and "runtimeLoraUpdating: false" in msg
+    assert "4 API servers" in refusal(spec(adapters=adapters, engine={"extraArgs": ["-dp", "4"]}))
+    for ok in (["--api-server-count", "1", "-dp", "4"], ["--max-cpu-loras=4"]):
+        GPUUpstreamSpec.model_validate(spec(adapters=adapters, engine={"extraArgs": ok}))
+    GPUUpstreamSpec.model_validate(spec(adapters=adapters, engine={"runtimeLoraUpdating": False,
+                                                                   "extraArgs": ["--api-server-count=2"]}))
+    assert GPUUpstreamSpec.model_validate(spec(engine={"maxLoras": 2})).lora_enabled
+    assert not GPUUpstreamSpec.model_validate(spec()).lora_enabled
