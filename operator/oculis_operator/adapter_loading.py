@@ -115,9 +115,9 @@ def after(pods: Iterable[Pod], done: Iterable[tuple[Action, str | None]]) -> lis
 
 
 def record(failures: Failures, done: Iterable[tuple[Action, str | None]], pods: Iterable[Pod],
-           now: float) -> Failures:
+           now: float, wants: Iterable[Want]) -> Failures:
     """The failures to remember: a refused load (RETRY_S counts from it); forgotten once the pod holds the
-    adapter or the pod is gone."""
+    adapter, the pod is gone or the adapter is no longer declared from that path."""
     out = dict(failures)
     for action, error in done:
         if action.verb != "load":
@@ -128,9 +128,11 @@ def record(failures: Failures, done: Iterable[tuple[Action, str | None]], pods: 
         else:
             out[key] = Failure(action.path, error, now)
     present = {p.name: p for p in pods}
+    paths = {w.name: w.path for w in wants}
     for key in list(out):
         pod = present.get(key[0])
-        if pod is None or (pod.loaded is not None and pod.loaded.get(key[1]) == out[key].path):
+        if pod is None or paths.get(key[1]) != out[key].path or (
+                pod.loaded is not None and pod.loaded.get(key[1]) == out[key].path):
             del out[key]
     return out
 

@@ -173,7 +173,7 @@ def sync(spec: GPUUpstreamSpec, pods: list[dict[str, Any]], state: State, now: f
         url = urls.get(action.pod)
         done.append((action, call(url, action) if url else "no address for its engine"))
     held = core.after(seen, done)
-    failures = core.record(state.failures, done, held, now)
+    failures = core.record(state.failures, done, held, now, want)
     return State(failures, core.report(want, held, failures)), summary(done)
 
 

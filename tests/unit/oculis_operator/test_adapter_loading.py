@@ -62,7 +62,7 @@ def test_a_refused_load_is_remembered_retried_after_a_while_and_forgotten_once_l
     first = al.plan([SQL, bad], pods, {}, now=100)
     done = [(a, NOT_FOUND if a.adapter == "bad" else None) for a in first]
     held = al.after(pods, done)
-    failures = al.record({}, done, held, now=100)
+    failures = al.record({}, done, held, now=100, wants=[SQL, bad])
     assert set(failures) == {("a", "bad"), ("b", "bad")}
     # The other adapter is loaded everywhere; the refused one is not asked again before RETRY_S ...
     assert al.plan([SQL, bad], held, failures, now=100 + al.RETRY_S - 1) == []
@@ -76,9 +76,11 @@ def test_a_refused_load_is_remembered_retried_after_a_while_and_forgotten_once_l
     assert sql.ok and not refused.ok and refused.failed
     assert refused.reason == f"the engine refused to load it from /nope on pod a (and 1 other pod(s)): {NOT_FOUND}"
     loaded = al.after(held, [(al.Action("a", "load", "bad", "/nope"), None)])
-    assert set(al.record(failures, [(al.Action("a", "load", "bad", "/nope"), None)], loaded, now=200)) == {
-        ("b", "bad")}
-    assert set(al.record(failures, [], [pod("a", {})], now=200)) == {("a", "bad")}  # pod b is gone: its failure too
+    assert set(al.record(failures, [(al.Action("a", "load", "bad", "/nope"), None)], loaded, now=200,
+                         wants=[SQL, bad])) == {("b", "bad")}
+    assert set(al.record(failures, [], [pod("a", {})], 200, [SQL, bad])) == {("a", "bad")}  # pod b gone: its too
+    assert al.record(failures, [], held, 200, [SQL]) == {}  # no longer declared
+    assert al.record(failures, [], held, 200, [SQL, fixed]) == {}  # declared from another source
 
 
 def test_status_counts_an_adapter_ready_only_on_every_ready_pod() -> None:
