@@ -143,7 +143,7 @@ def call(url: str, action: core.Action) -> str | None:
                  LOAD_TIMEOUT_S if action.verb == "load" else READ_TIMEOUT_S)
     except urllib.error.HTTPError as exc:
         why = _why(exc)
-        if (action.verb == "unload" and exc.code == 404) or "has already been loaded" in why:
+        if (action.verb == "unload" and "cannot be found" in why) or "has already been loaded" in why:
             return None
         return why
     except (OSError, ValueError) as exc:
