@@ -3,10 +3,11 @@ to load or unload (`POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter`, vLLM
 what the engines refused; adapter_loading.py decides what to ask. Standard library HTTP (the operator
 image has no HTTP client of the router's), short timeouts, a connection retried a few times (tenacity).
 
-How a pod's engine is reached: its pod IP on the engine port (engine_args.PORT), as from inside the
-cluster. With OCULIS_ENGINE_ENDPOINTS=FILE (the sandbox, where pod IPs are fake and never dialled) only
-the file is used: the pod stand-in's endpoint map (e2e/podstandin.py) gives each pod's 127.0.0.1 port,
-and a pod it does not list is not reached at all.
+How a pod's engine is reached: its pod IP on the engine port (engine_args.PORT), only from inside the
+cluster (the operator's own pod: KUBERNETES_SERVICE_HOST is set). With OCULIS_ENGINE_ENDPOINTS=FILE (the
+sandbox, where pod IPs are fake and never dialled) only the file is used: the pod stand-in's endpoint
+map (e2e/podstandin.py) gives each pod's 127.0.0.1 port, and a pod it does not list is not reached at
+all. An operator run outside the cluster without the file reaches no engine (and says so per adapter).
 """
 
 from __future__ import annotations
@@ -59,16 +60,25 @@ def loopback_ports(path: Path) -> dict[tuple[str, str], int]:
     return out
 
 
-def engine_url(pod: dict[str, Any], overrides: dict[tuple[str, str], int] | None) -> str | None:
-    """The pod's engine base URL, or None when it cannot be reached (no IP yet, or not in the override map)."""
+NO_IP = "no pod IP yet"
+NOT_LISTED = f"not in the endpoint map ({ENDPOINTS_ENV}) yet"
+OUTSIDE = (f"the operator runs outside the cluster, where pod IPs are not reachable: run it in the cluster, or "
+           f"set {ENDPOINTS_ENV} to an endpoint map of the pods' local ports")
+
+
+def engine_url(pod: dict[str, Any], overrides: dict[tuple[str, str], int] | None,
+               in_cluster: bool = True) -> tuple[str | None, str]:
+    """(the pod's engine base URL, or None and why it cannot be reached)."""
     meta = pod.get("metadata") or {}
     if overrides is not None:
         port = overrides.get((meta.get("namespace", ""), meta.get("name", "")))
-        return f"http://{LOOPBACK}:{port}" if port else None
+        return (f"http://{LOOPBACK}:{port}", "") if port else (None, NOT_LISTED)
+    if not in_cluster:
+        return None, OUTSIDE
     ip = (pod.get("status") or {}).get("podIP")
     if not ip:
-        return None
-    return f"http://[{ip}]:{PORT}" if ":" in ip else f"http://{ip}:{PORT}"
+        return None, NO_IP
+    return (f"http://[{ip}]:{PORT}" if ":" in ip else f"http://{ip}:{PORT}"), ""
 
 
 def ready(pod: dict[str, Any]) -> bool:
@@ -123,10 +133,10 @@ def _why(exc: Exception) -> str:
     return f"engine not reachable: {exc}"
 
 
-def read_pod(name: str, url: str | None, mounts: frozenset[str]) -> core.Pod:
+def read_pod(name: str, url: str | None, unreachable: str = NO_IP, mounts: frozenset[str] = frozenset()) -> core.Pod:
     """The adapters the pod's engine lists in /v1/models (entries with a parent: the LoRAs)."""
     if url is None:
-        return core.Pod(name, None, "no address for its engine yet", mounts)
+        return core.Pod(name, None, unreachable, mounts)
     try:
         doc = json.loads(_request(f"{url}/v1/models", None, READ_TIMEOUT_S))
         loaded = {str(m["id"]): str(m.get("root") or "") for m in doc["data"] if m.get("parent")}
@@ -160,12 +170,16 @@ class State:
 
 
 def sync(spec: GPUUpstreamSpec, pods: list[dict[str, Any]], state: State, now: float,
-         overrides: dict[tuple[str, str], int] | None) -> tuple[State, list[str]]:
+         overrides: dict[tuple[str, str], int] | None, in_cluster: bool = True) -> tuple[State, list[str]]:
     """One pass over the upstream's ready pods: read, act, report. Returns the new state and what was done
     (one line per adapter and verb, for the log and a Normal Event)."""
-    urls = {p["metadata"]["name"]: engine_url(p, overrides) for p in pods if ready(p)}
-    seen = [read_pod(p["metadata"]["name"], urls[p["metadata"]["name"]], adapter_mounts(p))
-            for p in pods if p["metadata"]["name"] in urls]
+    serving = [p for p in pods if ready(p)]
+    found = {p["metadata"]["name"]: engine_url(p, overrides, in_cluster) for p in serving}
+    urls = {name: url for name, (url, _) in found.items()}
+    seen = []
+    for p in serving:
+        name = p["metadata"]["name"]
+        seen.append(read_pod(name, *found[name], mounts=adapter_mounts(p)))
     want = wants(spec)
     actions = core.plan(want, seen, state.failures, now, spec.runtime_adapters)
     done = []
@@ -194,7 +208,8 @@ def overrides_from_env() -> dict[tuple[str, str], int] | None:
 
 
 def pass_one(kube: Kube, key: tuple[str, str], spec: GPUUpstreamSpec, state: State) -> tuple[State, list[str]]:
-    return sync(spec, kube.engine_pods(*key), state, time.time(), overrides_from_env())
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))  # set in every pod by the kubelet
+    return sync(spec, kube.engine_pods(*key), state, time.time(), overrides_from_env(), in_cluster)
 
 
 async def run(kube: Kube, changed: Callable[[str, str], Awaitable[None]], interval: float) -> None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from oculis.upstream import GPUUpstreamSpec
 from oculis_operator import adapter_loading as al
 from oculis_operator import adapter_sync
 
@@ -19,9 +20,11 @@ def pod(name: str, ip: str | None = "10.1.2.3", ready: bool = True, mounts: tupl
 
 
 def test_pod_ip_in_a_cluster_and_only_the_endpoint_map_in_the_sandbox(tmp_path: Path) -> None:
-    assert adapter_sync.engine_url(pod("a"), None) == "http://10.1.2.3:8000"
-    assert adapter_sync.engine_url(pod("a", "fd00::5"), None) == "http://[fd00::5]:8000"
-    assert adapter_sync.engine_url(pod("a", None), None) is None
+    assert adapter_sync.engine_url(pod("a"), None) == ("http://10.1.2.3:8000", "")
+    assert adapter_sync.engine_url(pod("a", "fd00::5"), None) == ("http://[fd00::5]:8000", "")
+    assert adapter_sync.engine_url(pod("a", None), None) == (None, adapter_sync.NO_IP)
+    # Outside the cluster (no KUBERNETES_SERVICE_HOST) a pod IP is never dialled.
+    assert adapter_sync.engine_url(pod("a"), None, in_cluster=False) == (None, adapter_sync.OUTSIDE)
     endpoints = tmp_path / "endpoints.json"
     endpoints.write_text(json.dumps({
         "llm-vllm.demo.svc": {"namespace": "demo", "upstream": "llm", "ports": [31001],
@@ -30,8 +33,8 @@ def test_pod_ip_in_a_cluster_and_only_the_endpoint_map_in_the_sandbox(tmp_path: 
                                "pods": [{"pod": "b", "port": 31002}]}}))
     ports = adapter_sync.loopback_ports(endpoints)
     assert ports == {("demo", "a"): 31001, ("other", "b"): 31002}
-    assert adapter_sync.engine_url(pod("a"), ports) == "http://127.0.0.1:31001"
-    assert adapter_sync.engine_url(pod("b"), ports) is None  # another namespace's pod b
+    assert adapter_sync.engine_url(pod("a"), ports) == ("http://127.0.0.1:31001", "")
+    assert adapter_sync.engine_url(pod("b"), ports) == (None, adapter_sync.NOT_LISTED)  # another namespace's b
     assert adapter_sync.loopback_ports(tmp_path / "absent.json") == {}
     (tmp_path / "bad.json").write_text("{not json")
     assert adapter_sync.loopback_ports(tmp_path / "bad.json") == {}
@@ -41,8 +44,13 @@ def test_a_pod_without_an_address_is_not_dialled_and_counts_as_unreadable() -> N
     spec_pods = [pod("a", ready=True, mounts=("/adapters/style",)), pod("b", ready=False)]
     assert adapter_sync.ready(spec_pods[0]) and not adapter_sync.ready(spec_pods[1])
     assert adapter_sync.adapter_mounts(spec_pods[0]) == frozenset({"/adapters/style"})
-    seen = adapter_sync.read_pod("a", None, frozenset())
-    assert seen.loaded is None and seen.problem == "no address for its engine yet"
+    seen = adapter_sync.read_pod("a", None, adapter_sync.OUTSIDE)
+    assert seen.loaded is None and seen.problem == adapter_sync.OUTSIDE
+    spec = GPUUpstreamSpec.model_validate({"provider": "vllm", "model": "m", "gpu": {"product": "H100-80GB"},
+                                           "adapters": [{"name": "sql", "source": {"path": "/a"}}]})
+    state, lines = adapter_sync.sync(spec, spec_pods, adapter_sync.State(), 0.0, None, in_cluster=False)
+    assert lines == [] and state.report is not None
+    assert "the operator runs outside the cluster" in (state.report.adapters[0].reason or "")
 
 
 def test_the_event_lines_say_what_was_done_per_adapter() -> None:
