@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from oculis_sim.lora import LOAD_S
+from oculis_sim.lora import LOAD_S, into_slot
 
 
 class Slots:
@@ -27,18 +27,10 @@ class Slots:
         return adapter in self.running or len(self.running) < self.max_loras
 
     def _take(self, adapter: str) -> float:
+        loaded = into_slot(self.resident, adapter, self.max_loras, self.running)
         self.running[adapter] += 1
-        if adapter in self.resident:
-            self.resident.remove(adapter)
-            self.resident.append(adapter)
-            return 0.0
-        if len(self.resident) >= self.max_loras:  # evict the least recently used adapter no request runs
-            idle = next((a for a in self.resident if a not in self.running), None)
-            if idle is not None:
-                self.resident.remove(idle)
-        self.resident.append(adapter)
-        self.loads += 1
-        return LOAD_S
+        self.loads += loaded
+        return LOAD_S if loaded else 0.0
 
     def admit(self, adapter: str, item: Any) -> float | None:
         """The load delay when the request for `adapter` runs now (0.0: its adapter is in a slot); None when

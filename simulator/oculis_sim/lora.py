@@ -53,6 +53,21 @@ def adapter_found(path: str, hf_offline: bool) -> bool:
     return not hf_offline
 
 
+def into_slot(slots: list[str], name: str, max_loras: int, running: Counter[str]) -> bool:
+    """Put adapter `name` in a GPU slot (`slots`: least recently used first); True when it had to be loaded.
+    A full set of slots evicts the least recently used adapter no request is running with."""
+    if name in slots:
+        slots.remove(name)
+        slots.append(name)
+        return False
+    if len(slots) >= max_loras:
+        idle = next((a for a in slots if not running.get(a)), None)
+        if idle is not None:
+            slots.remove(idle)
+    slots.append(name)
+    return True
+
+
 @dataclass
 class Adapters:
     """The adapters one engine serves and which of them hold a GPU slot."""
@@ -90,9 +105,7 @@ class Adapters:
             while name not in self.running and len(+self.running) >= self.max_loras:
                 self.freed.clear()
                 await self.freed.wait()
-            if name not in self.slots:
-                self.slots.append(name)
-                del self.slots[:-self.max_loras]
+            if into_slot(self.slots, name, self.max_loras, self.running):
                 await asyncio.sleep(LOAD_S)
         finally:
             self.waiting[name] -= 1
