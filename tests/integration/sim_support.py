@@ -3,9 +3,11 @@ answers, its output in a log file (shown if it exits early)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
@@ -13,6 +15,43 @@ from e2e_support import eventually
 from fake_upstreams import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def ports_from(base: int, n: int) -> list[int]:
+    """The first `n` ports from `base` up that are free on 127.0.0.1 (a suite's own port range)."""
+    ports: list[int] = []
+    p = base
+    while len(ports) < n:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p))
+                ports.append(p)
+            except OSError:
+                pass
+        p += 1
+    return ports
+
+
+def healthy(url: str) -> bool:
+    """Whether the engine at `url` answers /health."""
+    try:
+        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def wait_healthy(urls: Iterable[str], timeout: float = 60) -> None:
+    for url in urls:
+        eventually(lambda u=url: healthy(u), timeout=timeout, what=f"{url}/health")
+
+
+def stop_all(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """Terminate every process, then wait for each (they stop in parallel)."""
+    procs = list(procs)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=10)
 
 
 def start_sim(*args: str, log: Path | None = None, timeout: float = 30) -> tuple[subprocess.Popen[bytes], str]:

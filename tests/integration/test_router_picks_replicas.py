@@ -9,7 +9,6 @@ refuses connections is set aside and the request served by another, never failed
 from __future__ import annotations
 
 import random
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import yaml
 from e2e_support import eventually
 from prometheus_client.parser import text_string_to_metric_families
 from router_support import start_router
+from sim_support import healthy, ports_from, stop_all, wait_healthy
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 REPLICAS = 4
@@ -33,27 +33,13 @@ CONCURRENCY = 3  # at most 3 x ~30 blocks in flight on one replica: below its 11
 PORT_BASE = 36100  # this suite's range (36000-36999)
 
 
-def _free_from(base: int, n: int) -> list[int]:
-    ports: list[int] = []
-    p = base
-    while len(ports) < n:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p))
-                ports.append(p)
-            except OSError:
-                pass
-        p += 1
-    return ports
-
-
 EVENTS: dict[str, str] = {}  # sim URL -> its KV-event publisher
 
 
 @pytest.fixture(scope="module")
 def sims() -> Iterator[list[str]]:
     procs, urls = [], []
-    ports = _free_from(PORT_BASE, 2 * REPLICAS)
+    ports = ports_from(PORT_BASE, 2 * REPLICAS)
     for port, zport in zip(ports[:REPLICAS], ports[REPLICAS:], strict=True):
         events = f"tcp://127.0.0.1:{zport}"
         procs.append(subprocess.Popen(
@@ -66,21 +52,10 @@ def sims() -> Iterator[list[str]]:
         urls.append(f"http://127.0.0.1:{port}")
         EVENTS[urls[-1]] = events
     try:
-        for url in urls:
-            eventually(lambda u=url: _healthy(u), timeout=60, what=f"{url}/health")
+        wait_healthy(urls)
         yield urls
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=10)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
+        stop_all(procs)
 
 
 def _prefix_counters(urls: list[str]) -> tuple[float, float]:
@@ -167,7 +142,7 @@ def test_prefix_strategies_beat_random_on_the_engines_own_prefix_cache(sims: lis
 
 def test_a_replica_refusing_connections_is_set_aside_and_the_request_served_by_another(
         sims: list[str], tmp_path: Path) -> None:
-    dead = f"http://127.0.0.1:{_free_from(PORT_BASE + 50, 1)[0]}"
+    dead = f"http://127.0.0.1:{ports_from(PORT_BASE + 50, 1)[0]}"
     proc, url, mport = start_router(_config(tmp_path, "dead", [dead, *sims[:2]], "round-robin"),
                                     tmp_path / "dead.log")
     try:
@@ -187,14 +162,14 @@ def test_a_replica_refusing_connections_is_set_aside_and_the_request_served_by_a
 
 
 def test_a_replica_vanishing_mid_stream_ends_the_stream_with_an_error_event_not_a_hang(tmp_path: Path) -> None:
-    port = _free_from(PORT_BASE + 60, 1)[0]
+    port = ports_from(PORT_BASE + 60, 1)[0]
     sim = subprocess.Popen([sys.executable, "-m", "oculis_cli.main", "sim", "serve", MODEL, "--gpu", "H100-80GB",
                             "--host", "127.0.0.1", "--port", str(port)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     proc = None
     try:
-        eventually(lambda: _healthy(url), timeout=60, what="sim /health")
+        eventually(lambda: healthy(url), timeout=60, what="sim /health")
         proc, router, _ = start_router(_config(tmp_path, "vanish", [url], "prefix"), tmp_path / "vanish.log")
         body = {"model": "llama", "max_tokens": 3000, "stream": True, "ignore_eos": True,
                 "messages": [{"role": "user", "content": "tell me a long story"}]}
