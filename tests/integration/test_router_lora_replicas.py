@@ -8,6 +8,7 @@ per-adapter metrics (picks, tokens, dollars) carry the adapter label."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,7 +35,8 @@ def sims() -> Iterator[dict[str, str]]:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "oculis_cli.main", "sim", "serve", MODEL, "--gpu", "H100-80GB",
              "--served-model-name", "qwen", "--enable-lora", "--max-loras", "1", "--max-lora-rank", "16", *modules,
-             "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+             "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}))  # the load/unload endpoints, as vLLM
         urls[name] = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(urls.values())
@@ -81,8 +83,10 @@ def test_adapter_requests_land_only_where_the_adapter_is_loaded(sims: dict[str, 
             assert {replica[r.headers["x-oculis-replica"]] for r in busy} == {"a"}
 
         # the operator (here: the test) loads `style` on c at run time: the router finds it there
-        loaded = httpx.post(f"{sims['c']}/v1/load_lora_adapter",
-                            json={"lora_name": "style", "lora_path": "/adapters/style"})
+        folder = tmp_path / "style"  # the engine reads the adapter's config from its folder
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text('{"r": 8, "peft_type": "LORA"}')
+        loaded = httpx.post(f"{sims['c']}/v1/load_lora_adapter", json={"lora_name": "style", "lora_path": str(folder)})
         assert loaded.status_code == 200, loaded.text
         styled = eventually(lambda: (r := ask("qwen/style")).status_code == 200 and r, timeout=30,
                             what="the router reads c's new adapter list")
