@@ -214,3 +214,15 @@ def status_of(declared: list[str], rep: Report | None) -> tuple[list[dict[str, A
         return entries, summary, ("False", "Loading", msg), None
     pods = rows[0].pods
     return entries, summary, ("True", "AllLoaded", f"{len(rows)} adapter(s) on all {pods} ready replica(s)"), None
+
+
+def volume_roll(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Said with a roll whose templates (Deployments) differ in their adapter volumes (`lora-*`): a PVC or
+    ConfigMap adapter added or removed restarts the pods, as only a new pod can mount or drop a volume."""
+    def names(dep: dict[str, Any]) -> set[str]:
+        volumes = ((dep.get("spec") or {}).get("template") or {}).get("spec", {}).get("volumes") or []
+        return {str(v.get("name")) for v in volumes if str(v.get("name", "")).startswith("lora-")}
+
+    if names(before) == names(after):
+        return ""
+    return "; a PVC or ConfigMap adapter was added or removed: only new pods can mount or drop its volume"

@@ -228,9 +228,10 @@ def _self_hosted(obs: Observed, spec: GPUUpstreamSpec, conds: Conditions, status
             out.create.append(desired)
             out.log.append(f"Created Deployment {desired['metadata']['name']} ({strat.reason})")
         else:
+            strategy_reason += adapter_loading.volume_roll(existing, desired)
             out.deployment_patch = drift.revert_patch(desired, existing, drift.DEPLOYMENT)
             out.log.append(f"Rolling Deployment {desired['metadata']['name']} to engine hash {desired_hash} "
-                           f"({strat.reason})")
+                           f"({strategy_reason})")
     elif existing is not None and int(existing.get("spec", {}).get("replicas", 1)) != desired["spec"]["replicas"]:
         out.deployment_patch = {"spec": {"replicas": desired["spec"]["replicas"]}}  # no pod restarts
         out.log.append(f"Scaled Deployment {desired['metadata']['name']} to {desired['spec']['replicas']}")

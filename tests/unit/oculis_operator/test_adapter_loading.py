@@ -150,3 +150,17 @@ def test_turning_lora_off_clears_the_adapter_status() -> None:
     out = _reconcile({k: v for k, v in VLLM.items() if k != "engine"}, None, before)
     assert out.status["adapters"] is None and out.status["adaptersReady"] is None
     assert {c["type"]: c for c in out.status["conditions"]}["AdaptersReady"]["reason"] == "NoAdapters"
+
+
+def test_a_roll_for_a_volume_adapter_says_why() -> None:
+    hub = {"name": "sql", "source": {"huggingFace": "org/sql-lora"}}
+    pvc = {"name": "style", "source": {"pvc": {"name": "loras"}}}
+    first = _reconcile({**VLLM, "adapters": [hub]}, None)
+    assert first.deployment_patch is None
+    dep = reconcile.reconcile(reconcile.Observed("llama", "demo", "uid", 1, {**VLLM, "adapters": [hub]}, {}),
+                              lambda _: 8, "2026-01-01T00:00:00Z").create[0]
+    dep["status"] = {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "availableReplicas": 1}
+    out = reconcile.reconcile(reconcile.Observed("llama", "demo", "uid", 2, {**VLLM, "adapters": [hub, pvc]},
+                                                 first.status, deployment=dep), lambda _: 8, "2026-01-01T00:00:20Z")
+    assert out.deployment_patch is not None  # a new volume: the pods roll
+    assert "only new pods can mount or drop its volume" in out.log[0] and "only new pods" in out.status["rollout"]
