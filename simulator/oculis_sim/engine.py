@@ -128,7 +128,8 @@ class EngineCore:
                     for i in range(a):
                         per_pos[i] += 1
         duration = self.cost.step_seconds(plan.prefill_tokens, plan.prefill_pairs, plan.decode_tokens,
-                                          plan.decode_pairs, plan.context_tokens, len(plan.scheduled))
+                                          plan.decode_pairs, plan.context_tokens, len(plan.scheduled),
+                                          len(plan.admitted))
         duration += self._draft_seconds(plan, proposing, drafts)
         for req in plan.admitted:
             if not req.started:

@@ -21,7 +21,6 @@ client's, as `sim replay` gives them; `per_replica` says how the picker spread t
 from __future__ import annotations
 
 import heapq
-from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from oculis_sim.engine import EngineCore, StepResult
 from oculis_sim.fleetlora import Slots
 from oculis_sim.replay import stats_ms
 from oculis_sim.scheduler import Request
+from oculis_sim.tokenrecorder import Rec, TokenRecorder
 from oculis_sim.workload import Workload
 
 _STEP, _ENTER, _SCRAPE = 0, 1, 2
@@ -66,17 +66,17 @@ class _Replica:
         self.adapters: Counter[str] = Counter()  # adapters of the router's calls in flight there
 
 
-class _Rec:
-    __slots__ = ("context", "first", "last", "need", "replica", "send", "uncached")
+class _Rec(Rec):
+    """Also what the router counted for the request on its replica (taken back as it progresses)."""
+
+    __slots__ = ("context", "need", "replica", "uncached")
 
     def __init__(self, send: float, replica: _Replica, need: int, uncached: int, context: int) -> None:
-        self.send = send
+        super().__init__(send)
         self.replica = replica
         self.need = need
         self.uncached = uncached
         self.context = context
-        self.first = -1.0
-        self.last = -1.0
 
 
 @dataclass
@@ -146,7 +146,7 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
     keys = wl.block_keys(block)
     unique = _UNIQUE
     cost = fleet[0].core.cost
-    api, lag, finish = cost.api_s, cost.per_token_s, cost.finish_s
+    api = cost.api_s
     limit = settings.max_model_len
     kv_blocks = settings.num_blocks
     seqs = settings.max_num_seqs
@@ -155,16 +155,10 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
     prompts = wl.prompt_tokens.tolist()
     outputs = wl.output_tokens.tolist()
     n = len(arrivals)
-    recs: list[_Rec | None] = [None] * n
+    rec: TokenRecorder[_Rec] = TokenRecorder(n, cost.per_token_s, cost.finish_s)
     heap: list[tuple[float, int, int, Any]] = []
     seq = 0
-    ttft = array("d")
-    itl = array("d")
-    itl_w = array("d")
-    e2e = array("d")
-    out_tokens = 0
     refused = 0
-    last_done = 0.0
     mean_out = 0.0
     done_n = 0
 
@@ -191,21 +185,13 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
 
     def settle(r: _Replica, t: float) -> float:
         """Apply a decode run up to the step in progress at t; returns when that step ends."""
-        nonlocal out_tokens
         run_ = r.run
         assert run_ is not None
         j = run_.in_progress(t) + 1
         run_.apply(j)
         r.run = None
-        gap = array("d", (d + lag for d in run_.durations[:j]))
-        itl.extend(gap)
-        itl_w.extend(array("d", [float(run_.batch)]) * j)
         end = run_.ends[j - 1]
-        for req in run_.reqs:
-            rec = recs[req.rid]
-            assert rec is not None
-            rec.last = end + lag * req.num_output
-        out_tokens += j * run_.batch
+        rec.decode_run(run_.durations[:j], run_.batch, end, run_.reqs)
         if events:
             log = r.core.scheduler.pool.log
             if log:
@@ -254,7 +240,7 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
             r.queued_tokens += uncached
             r.context += p + expect
             r.requests += 1
-            recs[i] = _Rec(t, r, need, uncached, p + expect)
+            rec.recs[i] = _Rec(t, r, need, uncached, p + expect)
             push(t + api, _ENTER, (r, Request(i, p, o, t, ek)))
             i += 1
             continue
@@ -284,35 +270,21 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
                 settle(r, t)
             res = r.res
             r.res = None
-            for req, k in res.emitted if res is not None else ():
-                rec = recs[req.rid]
-                assert rec is not None
-                vis = t + lag * req.num_output
-                if rec.first < 0:
-                    rec.first = vis
-                    ttft.append(vis - rec.send)
-                    r.queued_tokens -= rec.uncached
-                else:
-                    itl.append(vis - rec.last)
-                    itl_w.append(1.0)
-                rec.last = vis
-                out_tokens += k
-            for req in res.finished if res is not None else ():
-                rec = recs[req.rid]
-                assert rec is not None
-                done = rec.last + finish
-                e2e.append(done - rec.send)
-                last_done = max(last_done, done)
-                r.in_flight -= 1
-                r.in_flight_tokens -= rec.need
-                r.context -= rec.context
-                if lora_of is not None and (adapter := lora_of[req.rid]) is not None:
-                    r.adapters[adapter] -= 1
-                    r.adapters = +r.adapters
-                    for item, delay in r.lora.release(adapter):
-                        push(t + delay, _ENTER, item)
-                done_n += 1
-                mean_out += (req.num_output - mean_out) / min(done_n, 1000)
+            if res is not None:
+                for first in rec.emitted(t, res.emitted):
+                    r.queued_tokens -= first.uncached
+                for req in res.finished:
+                    done = rec.finished(req)
+                    r.in_flight -= 1
+                    r.in_flight_tokens -= done.need
+                    r.context -= done.context
+                    if lora_of is not None and (adapter := lora_of[req.rid]) is not None:
+                        r.adapters[adapter] -= 1
+                        r.adapters = +r.adapters
+                        for item, delay in r.lora.release(adapter):
+                            push(t + delay, _ENTER, item)
+                    done_n += 1
+                    mean_out += (req.num_output - mean_out) / min(done_n, 1000)
             if events:
                 log = r.core.scheduler.pool.log
                 if log:
@@ -339,7 +311,7 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
             else:
                 next_scrape = float("inf")
     start_t = float(arrivals[0]) if n else 0.0
-    duration = max(last_done - start_t, 1e-9)
+    duration = max(rec.last_done - start_t, 1e-9)
     q = sum(r.core.counters.prefix_queries for r in fleet)
     h = sum(r.core.counters.prefix_hits for r in fleet)
     per = []
@@ -353,12 +325,13 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
     summary = {
         "picker": strategy,
         "replicas": replicas,
-        "ttft_ms": stats_ms(np.frombuffer(ttft, dtype=np.float64)),
-        "itl_ms": weighted_stats_ms(np.frombuffer(itl, dtype=np.float64), np.frombuffer(itl_w, dtype=np.float64)),
-        "e2e_ms": stats_ms(np.frombuffer(e2e, dtype=np.float64)),
-        "output_tokens_per_s": round(out_tokens / duration, 2),
-        "requests_per_s": round(len(e2e) / duration, 4),
-        "requests": len(e2e),
+        "ttft_ms": stats_ms(np.frombuffer(rec.ttft, dtype=np.float64)),
+        "itl_ms": weighted_stats_ms(np.frombuffer(rec.itl, dtype=np.float64),
+                                    np.frombuffer(rec.itl_w, dtype=np.float64)),
+        "e2e_ms": stats_ms(np.frombuffer(rec.e2e, dtype=np.float64)),
+        "output_tokens_per_s": round(rec.out_tokens / duration, 2),
+        "requests_per_s": round(len(rec.e2e) / duration, 4),
+        "requests": len(rec.e2e),
         "prefix_hit_share": round(h / q, 4) if q else 0.0,
         "load_spread": round(max(counts) / mean_count, 3) if mean_count else 0.0,
         "preemptions": sum(r.core.counters.preemptions for r in fleet),

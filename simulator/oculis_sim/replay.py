@@ -19,6 +19,7 @@ import numpy as np
 from oculis_sim.config import Settings
 from oculis_sim.engine import EngineCore
 from oculis_sim.scheduler import Request
+from oculis_sim.tokenrecorder import Rec, TokenRecorder
 from oculis_sim.workload import Workload
 
 
@@ -44,15 +45,6 @@ class ReplayResult:
     queue_ms: dict[str, float]  # waiting before first scheduled, as vllm:request_queue_time_seconds
 
 
-class _Rec:
-    __slots__ = ("first", "last", "send")
-
-    def __init__(self, send: float) -> None:
-        self.send = send
-        self.first = -1.0
-        self.last = -1.0
-
-
 def run(settings: Settings, wl: Workload) -> ReplayResult:
     core = EngineCore(settings)
     n = len(wl)
@@ -62,8 +54,6 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     api = core.cost.api_s
     serial = core.cost.api_serial_s
     api_free = 0.0  # when the API server's event loop is next free (serial work per request)
-    lag = core.cost.per_token_s
-    finish = core.cost.finish_s
     limit = settings.max_model_len
     conc = wl.max_concurrency
     arrivals = wl.arrivals.tolist()
@@ -74,15 +64,9 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     backlog = 0  # next request index not yet sent (max_concurrency gating)
     inflight = 0
     refused = 0
-    recs: list[_Rec | None] = [None] * n
-    itl = array("d")
-    ttft = array("d")
-    e2e = array("d")
-    tpot = array("d")
+    rec: TokenRecorder[Rec] = TokenRecorder(n, core.cost.per_token_s, core.cost.finish_s)
     queue = array("d")
     queued_from: dict[int, float] = {}
-    out_tokens = 0
-    last_done = 0.0
 
     def send(i: int, at: float) -> None:
         nonlocal inflight, refused, api_free
@@ -90,7 +74,7 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
             refused += 1
             return
         inflight += 1
-        recs[i] = _Rec(at)
+        rec.recs[i] = Rec(at)
         if serial:
             api_free = max(at, api_free) + serial
             heapq.heappush(entering, (api_free + api, i))
@@ -124,36 +108,21 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
             if not req.preemptions:  # first admission (a preempted one is re-admitted later)
                 queue.append(res.start - queued_from[req.rid])
         t = res.end
-        for req, k in res.emitted:
-            rec = recs[req.rid]
-            assert rec is not None
-            vis = t + lag * req.num_output
-            if rec.first < 0:
-                rec.first = vis
-                ttft.append(vis - rec.send)
-            else:
-                itl.append(vis - rec.last)
-            rec.last = vis
-            out_tokens += k
+        rec.emitted(t, res.emitted)
         for req in res.finished:
-            rec = recs[req.rid]
-            assert rec is not None
-            done = rec.last + finish
-            e2e.append(done - rec.send)
-            if req.num_output > 1:
-                tpot.append((rec.last - rec.first) / (req.num_output - 1))
-            last_done = max(last_done, done)
+            rec.finished(req)
             inflight -= 1
         if conc is not None and res.finished:
             release(t)
-    completed = len(e2e)
+    completed = len(rec.e2e)
     start = float(wl.arrivals[0]) if n else 0.0
-    duration = max(last_done - start, 1e-9)
+    duration = max(rec.last_done - start, 1e-9)
+    out_tokens = rec.out_tokens
     c = core.counters
     summary = {
-        "ttft_ms": stats_ms(np.frombuffer(ttft, dtype=np.float64)),
-        "itl_ms": stats_ms(np.frombuffer(itl, dtype=np.float64)),
-        "e2e_ms": stats_ms(np.frombuffer(e2e, dtype=np.float64)),
+        "ttft_ms": stats_ms(np.frombuffer(rec.ttft, dtype=np.float64)),
+        "itl_ms": stats_ms(np.frombuffer(rec.itl, dtype=np.float64)),
+        "e2e_ms": stats_ms(np.frombuffer(rec.e2e, dtype=np.float64)),
         "output_tokens_per_s": round(out_tokens / duration, 2),
         "requests_per_s": round(completed / duration, 4),
         "preemptions": c.preemptions,
@@ -163,5 +132,5 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     al = (1 + c.spec_accepted / c.spec_drafts) if c.spec_drafts else None
     hit_rate = c.prefix_hits / c.prefix_queries if c.prefix_queries else 0.0
     return ReplayResult(summary, c.peak_kv_usage, refused, hit_rate, duration, out_tokens, al,
-                        stats_ms(np.frombuffer(tpot, dtype=np.float64)),
+                        stats_ms(np.frombuffer(rec.tpot, dtype=np.float64)),
                         stats_ms(np.frombuffer(queue, dtype=np.float64)))
