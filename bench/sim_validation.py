@@ -7,12 +7,12 @@ Two families:
    ones), then older published points (../shared/notes/simulator.md section 7, B2-B9), each simulated
    with its own era's `--vllm-version`;
 2. the real engine on this machine's CPU (bench/cpu_engine.py): the scheduler (order, budgets, chunking,
-   preemption, prefix reuse) against vLLM's own, with a step-time profile fitted on the calibration
-   scenarios only; recorded figures in bench/data/vllm_cpu_runs.json.
+   preemption, prefix reuse) against vLLM's own, with each engine session's step-time profile fitted on
+   its calibration runs only (bench/cpu_profile.py); recorded figures in bench/data/vllm_cpu_runs.json.
 
     .venv/bin/python bench/sim_validation.py              # both families from the recorded data
-    .venv/bin/python bench/sim_validation.py --record-cpu # re-record the CPU engine live (~10 min, takes
-                                                          # /tmp/oculis-vllm.lock), refit its profile
+    .venv/bin/python bench/sim_validation.py --record-cpu # re-record the CPU engine live (~12 min, takes
+                                                          # /tmp/oculis-vllm.lock, 3 engine starts), refit
     .venv/bin/python bench/sim_validation.py --fit-gpu    # refit the async era's constants (prints them)
 All simulated figures are simulated, not measured.
 """
