@@ -13,6 +13,7 @@ all. An operator run outside the cluster without the file reaches no engine (and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -213,13 +214,18 @@ def pass_one(kube: Kube, key: tuple[str, str], spec: GPUUpstreamSpec, state: Sta
 
 
 async def run(kube: Kube, changed: Callable[[str, str], Awaitable[None]], interval: float) -> None:
-    """Every `interval` seconds, one pass over each LoRA upstream the reconciles registered
-    (kube.lora_upstreams); when what its engines hold changed, the report is kept for the reconcile
-    (kube.adapter_reports), the lines done for its Events (kube.adapter_log), and `changed` called."""
+    """Every `interval` seconds, and at once when a reconcile calls kube.adapter_wake (a spec's adapters
+    changed), one pass over each LoRA upstream the reconciles registered (kube.lora_upstreams); when what
+    its engines hold changed, the report is kept for the reconcile (kube.adapter_reports), the lines done
+    for its Events (kube.adapter_log), and `changed` called."""
     states: dict[tuple[str, str], State] = {}
     failing: dict[tuple[str, str], str] = {}
+    loop, wake = asyncio.get_running_loop(), asyncio.Event()
+    kube.adapter_wake = lambda: loop.call_soon_threadsafe(wake.set)  # reconciles run in threads
     while True:
-        await asyncio.sleep(interval)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), interval)
+        wake.clear()
         upstreams = dict(kube.lora_upstreams)
         for key, spec in sorted(upstreams.items()):
             try:

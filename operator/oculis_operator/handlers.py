@@ -458,7 +458,10 @@ def register_adapters(kube: Kube, key: tuple[str, str], spec: dict[str, Any]) ->
     except ValidationError:
         parsed = None
     if parsed is not None and parsed.lora_enabled:
+        before = kube.lora_upstreams.get(key)
         kube.lora_upstreams[key] = parsed
+        if kube.adapter_wake is not None and (before is None or before.adapters != parsed.adapters):
+            kube.adapter_wake()  # load or unload now rather than at the next period
     else:
         forget_adapters(kube, key)
 

@@ -57,6 +57,7 @@ class Kube:
         self.lora_upstreams: dict[tuple[str, str], GPUUpstreamSpec] = {}
         self.adapter_reports: dict[tuple[str, str], adapter_loading.Report | None] = {}
         self.adapter_log: dict[tuple[str, str], list[str]] = {}
+        self.adapter_wake: Callable[[], object] | None = None  # starts a pass now (set by adapter_sync.run)
 
     def lock_for(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
