@@ -87,7 +87,8 @@ _spec = st.fixed_dictionaries({
 
 LORA_SPECS: list[dict[str, Any]] = [
     {"provider": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "gpu": {"product": "H100-80GB"},
-     "engine": {"maxLoras": 4, "maxLoraRank": 64, "extraArgs": ["--max-cpu-loras=8"]},
+     "engine": {"maxLoras": 4, "maxLoraRank": 64, "extraArgs": ["--max-cpu-loras=8"],
+                "runtimeLoraUpdating": False},  # False: --lora-modules rendered, checked by the parser
      "adapters": [{"name": "sql", "source": {"huggingFace": "org/sql-lora"}, "rank": 64},
                   {"name": "style", "source": {"pvc": {"name": "loras", "subPath": "style"}}}]},
     {"provider": "vllm", "model": "Qwen/Qwen3-8B", "gpu": {"product": "H100-80GB", "count": 2},
@@ -103,7 +104,7 @@ def sample_argvs() -> list[tuple[str, list[str]]]:
         if spec.self_hosted and (argv := rendered(doc["metadata"]["name"], spec)):
             found.append((f"examples: {doc['metadata']['name']}", argv))
 
-    for body in LORA_SPECS:  # LoRA adapters: --enable-lora --max-loras --max-lora-rank --lora-modules a=p b=q
+    for body in LORA_SPECS:  # LoRA; --lora-modules only where runtime loading is off
         if argv := rendered("lora", GPUUpstreamSpec.model_validate(body)):
             found.append((json.dumps(body, sort_keys=True), argv))
 
