@@ -8,8 +8,9 @@ and packs whole streams, does not enter the fit. Each quantity comes from the ru
   decodes = step_s + request_s x B, a straight line over B (least squares);
 - prefill: `prefillP` (one request of P tokens at a time): prefill time = the steps of its chunks (the token
   budget splits P); less the per-step and per-request CPU known from decode, what is left is
-  new_request_s (the first step of a request: adding it to the persistent batch) + prefill_token_s x P +
-  pair_s x attention pairs, fitted non-negative;
+  the first step's extra (adding the request to the persistent batch) + prefill_token_s x P + pair_s x
+  attention pairs, fitted non-negative; whether that extra is paid per request, per step some join, or per
+  step whose batch changed (joined or left) is chosen by simulating the `decodeB` runs;
 - the API server: TTFT - queue - prefill of a lone request is its path from the HTTP handler into the
   engine and the first token's way back (api_s); with B sent at once the last waits for the B - 1 before
   it, api_s + api_serial_s x (B - 1) / 2 on average (least squares over B).
@@ -110,22 +111,22 @@ def fit(recorded: dict[str, Any], engine: str = "roomy") -> steptime.FittedSteps
         f"{recorded['recorded']}")
     # B requests sent at once (`decodeB`, B > 1) tell the rest, by simulating them: how long the API server works
     # on one request before the next (api_serial_s; a lone request pays it too, so it comes out of api_s), and
-    # whether the first step of requests admitted together costs once per request or once per step.
+    # what the extra cost of a request's first step is paid for: each request joining, each step some join, or
+    # each step whose batch changed (joined or left; the B requests of these runs leave at different steps).
     shapes = {s.name: s for s in cpu_engine.calibration(engine)}
     burst = [(shapes[f"decode{b}{tag}"], figs(f"decode{b}")) for b in batches if b > 1]
     best: tuple[float, steptime.FittedSteps] | None = None
-    for per_step in (False, True):
+    for paid in ("new_request_s", "join_s", "batch_change_s"):
         for serial in np.arange(0.0, min(lone, 0.01) + 1e-9, 0.25e-3):
             cand = dataclasses.replace(base, api_s=lone - float(serial), api_serial_s=float(serial),
-                                       new_request_s=0.0 if per_step else float(new),
-                                       admit_s=float(new) if per_step else 0.0)
+                                       **{paid: float(new)})
             err = 0.0
             for sc, real in burst:
                 sim = cpu_engine.simulate(sc, cand)
                 err += (sim["ttft_ms"] / real["ttft_ms"] - 1) ** 2 + (sim["e2e_ms"] / real["e2e_ms"] - 1) ** 2
             if best is None or err < best[0] - 1e-12:
                 best = (err, cand)
-    return best[1] if best else dataclasses.replace(base, new_request_s=float(new))
+    return best[1] if best else dataclasses.replace(base, join_s=float(new))
 
 
 def save(p: steptime.FittedSteps, path: Path) -> None:

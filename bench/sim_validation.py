@@ -212,8 +212,11 @@ def cpu_engine_runs(record: bool) -> None:
           "(its front end's clock)")
     profiles = {e: cpu_profile.fit(rec, e) for e in rec["engine_kv_blocks"]}
     for e, p in profiles.items():
+        extra = (f"{p.new_request_s * 1e3:.2f} ms/new request" if p.new_request_s else
+                 f"{p.join_s * 1e3:.2f} ms/step some request joins" if p.join_s else
+                 f"{p.batch_change_s * 1e3:.2f} ms/step the batch changes")
         print(f"  profile of engine {e!r} (fitted on its calibration runs only): step {p.step_s * 1e3:.2f} ms + "
-              f"{p.request_s * 1e3:.3f} ms/request + {p.new_request_s * 1e3:.2f} ms/new request + "
+              f"{p.request_s * 1e3:.3f} ms/request + {extra} + "
               f"{p.prefill_token_s * 1e6:.1f} us/prefill token + {p.pair_s * 1e9:.2f} ns/attention pair; API "
               f"{p.api_s * 1e3:.2f} ms + {p.api_serial_s * 1e3:.2f} ms serial/request")
     table: dict[str, list[float]] = {"TTFT": [], "ITL": [], "E2E": [], "queue": []}

@@ -26,8 +26,8 @@ def max_steps(core: EngineCore) -> int:
     preemption (0 when the state is not pure decode); the step giving some request its last token is left
     to `EngineCore.step`, which frees it."""
     sched = core.scheduler
-    if core.k or core.inbox or sched.waiting or not sched.running:
-        return 0
+    if core.k or core.inbox or sched.waiting or not sched.running or (core.left and core.cost.batch_change_cpu_s):
+        return 0  # (the step after a finish drops it from the batch: EngineCore.step prices that)
     block = sched.block
     running = sched.running
     if len(running) > sched.max_num_batched_tokens:

@@ -68,6 +68,8 @@ class EngineCore:
         # during step N is first scheduled in step N+2; its first token comes about a step later than with
         # synchronous scheduling (the inter-token gaps are unchanged).
         self.inbox: deque[tuple[float, Request]] = deque()
+        # requests that finished in the last step: the model runner drops them from its batch in the next one
+        self.left = 0
         self.prev_start = self.prev_end = -math.inf
 
     def add(self, req: Request, at: float | None = None) -> None:
@@ -129,7 +131,7 @@ class EngineCore:
                         per_pos[i] += 1
         duration = self.cost.step_seconds(plan.prefill_tokens, plan.prefill_pairs, plan.decode_tokens,
                                           plan.decode_pairs, plan.context_tokens, len(plan.scheduled),
-                                          len(plan.admitted))
+                                          len(plan.admitted), bool(plan.admitted or plan.preempted or self.left))
         duration += self._draft_seconds(plan, proposing, drafts)
         for req in plan.admitted:
             if not req.started:
@@ -142,6 +144,7 @@ class EngineCore:
         if usage > c.peak_kv_usage:
             c.peak_kv_usage = usage
         emitted, finished = sched.update(plan, accepted)
+        self.left = len(finished)
         self.prev_start, self.prev_end = now, now + duration
         for _, n in emitted:
             c.generation_tokens += n

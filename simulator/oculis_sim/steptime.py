@@ -54,13 +54,15 @@ class StepCostModel:
     per_token_s: float
     api_serial_s: float = 0.0  # the API server's CPU work per request, one request at a time (its event loop)
     new_request_cpu_s: float = 0.0  # per request a step schedules for the first time (or resumes after preemption)
-    admit_cpu_s: float = 0.0  # once per step that schedules any request for the first time
+    join_cpu_s: float = 0.0  # once per step that some request joins (first scheduled, or resumed)
+    batch_change_cpu_s: float = 0.0  # once per step whose persistent batch changed: requests joined or left
 
     def step_seconds(self, prefill_tokens: int, prefill_pairs: float, decode_tokens: int, decode_pairs: float,
-                     context_tokens: int, requests: int, new_requests: int = 0) -> float:
+                     context_tokens: int, requests: int, new_requests: int = 0, batch_changed: bool = False) -> float:
         """prefill_pairs / decode_pairs: sum over scheduled requests of new tokens x (context before + new / 2),
         the attention work; context_tokens: KV tokens already stored that the step's attention reads;
-        new_requests: how many of the requests this step schedules for the first time (since a preemption)."""
+        new_requests: how many of the requests this step schedules for the first time (since a preemption);
+        batch_changed: requests joined the batch or left it (finished in the step before, preempted in this)."""
         if requests == 0:
             return 0.0
         tokens = prefill_tokens + decode_tokens
@@ -75,8 +77,10 @@ class StepCostModel:
         gpu = (max(memory, compute) + (self.eager_s if prefill_tokens else self.graph_s)
                + self.allreduce_per_token_s * tokens)
         cpu = self.step_cpu_s + self.request_cpu_s * requests + self.new_request_cpu_s * new_requests
+        if batch_changed:
+            cpu += self.batch_change_cpu_s
         if new_requests:
-            cpu += self.admit_cpu_s
+            cpu += self.join_cpu_s
         return max(gpu, cpu) if self.overlap else gpu + cpu
 
 
@@ -125,9 +129,9 @@ def cost_model(model: ModelConfig, gpu: GPUProduct, tp: int, weights_bytes_per_g
 class FittedSteps:
     """A step-time model fitted on the machine itself (e.g. vLLM's CPU backend, where no datasheet roofline
     applies): step = step_s + request_s x requests + prefill_token_s x prefill tokens + decode_token_s x
-    decode tokens + pair_s x attention pairs + new_request_s x requests scheduled for the first time, CPU and
-    compute serial. Loaded from `--step-profile FILE`; `bench/cpu_profile.py` fits one from an engine's own
-    calibration runs."""
+    decode tokens + pair_s x attention pairs + new_request_s x requests scheduled for the first time +
+    join_s when some joined + batch_change_s when requests joined or left the batch, CPU and compute serial.
+    Loaded from `--step-profile FILE`; `bench/cpu_profile.py` fits one from an engine's own calibration runs."""
 
     step_s: float
     request_s: float
@@ -138,8 +142,11 @@ class FittedSteps:
     finish_s: float = 0.0
     per_token_s: float = 0.0
     api_serial_s: float = 0.0  # per request, serialised in the API server (bursts wait in line)
-    new_request_s: float = 0.0  # a request's first step (vLLM adds it to the persistent batch)
-    admit_s: float = 0.0
+    new_request_s: float = 0.0  # per request in its first step (or its first after a preemption)
+    join_s: float = 0.0  # once per step that some request joins
+    # once per step whose persistent batch changed (vLLM's model runner then condenses the batch and rebuilds
+    # its sampling metadata): a request joined, or left (finished in the step before, preempted in this one)
+    batch_change_s: float = 0.0
     source: str = ""
 
     def cost_model(self) -> StepCostModel:
@@ -151,4 +158,4 @@ class FittedSteps:
             decode_flops_s=dc, eager_s=0.0, graph_s=0.0, allreduce_per_token_s=0.0, step_cpu_s=self.step_s,
             request_cpu_s=self.request_s, overlap=False, api_s=self.api_s, finish_s=self.finish_s,
             per_token_s=self.per_token_s, api_serial_s=self.api_serial_s, new_request_cpu_s=self.new_request_s,
-            admit_cpu_s=self.admit_s)
+            join_cpu_s=self.join_s, batch_change_cpu_s=self.batch_change_s)

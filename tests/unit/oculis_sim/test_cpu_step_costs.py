@@ -2,7 +2,7 @@
 profile from the engine figures it would produce (bench/cpu_profile.py).
 
 The profile: a step costs 1 ms + 0.1 ms per prefill token; the step that admits requests costs 5 ms more,
-once (`admit_s`) or per admitted request (`new_request_s`): vLLM's CPU engine pays it once per lone request
+once (`join_s`) or per admitted request (`new_request_s`): vLLM's CPU engine pays it once per lone request
 however many chunks its prompt takes (measured: 8 chunks of 64 tokens cost 1 admission, not 8)."""
 
 import dataclasses
@@ -25,8 +25,8 @@ import cpu_profile
 
 TINY = ModelConfig(params_billions=0.003, num_layers=2, hidden_size=256, num_attention_heads=4, num_kv_heads=2,
                    head_dim=64, vocab_size=4096, max_position_embeddings=2048)
-ONCE = steptime.FittedSteps(step_s=1e-3, request_s=0.0, prefill_token_s=1e-4, decode_token_s=0.0, admit_s=5e-3)
-PER_REQUEST = dataclasses.replace(ONCE, admit_s=0.0, new_request_s=5e-3)
+ONCE = steptime.FittedSteps(step_s=1e-3, request_s=0.0, prefill_token_s=1e-4, decode_token_s=0.0, join_s=5e-3)
+PER_REQUEST = dataclasses.replace(ONCE, join_s=0.0, new_request_s=5e-3)
 
 
 def engine(profile: steptime.FittedSteps, budget: int = 512) -> EngineCore:
@@ -65,6 +65,23 @@ def test_decode_steps_pay_no_admission() -> None:
     steps_until_first_tokens(core, [Request(0, 16, 4)])
     res = core.step(1.0)
     assert res.end - res.start == pytest.approx(1e-3)
+
+
+def test_a_batch_change_is_paid_by_the_step_after_a_finish_not_by_join_only_profiles() -> None:
+    # a (2 outputs) and b (4) join together; a finishes in the first decode step; the next step drops it
+    durations = {}
+    for name, prof in (("join", ONCE), ("change", dataclasses.replace(ONCE, join_s=0.0, batch_change_s=5e-3))):
+        core = engine(prof)
+        core.add(Request(0, 16, 2))
+        core.add(Request(1, 16, 4))
+        t, got = 0.0, []
+        while core.has_work():
+            res = core.step(t)
+            got.append(round((res.end - res.start) * 1e3, 6))
+            t = res.end
+        durations[name] = got
+    assert durations["join"] == [9.2, 1.0, 1.0, 1.0]  # prefill of 32 tokens + the join, then decodes
+    assert durations["change"] == [9.2, 1.0, 6.0, 1.0]  # the step after a's last token drops it
 
 
 def test_the_recorder_adds_streaming_lag_and_finish_and_weights_a_decode_runs_gaps() -> None:
@@ -108,7 +125,7 @@ def _recording(true: steptime.FittedSteps, engine_name: str = "roomy") -> dict[s
 
     for p in cpu_engine.PREFILL_LENGTHS:
         chunks = cpu_profile.chunks(p, budget)
-        prefill = 1000 * (len(chunks) * (true.step_s + true.request_s) + true.admit_s + true.prefill_token_s * p)
+        prefill = 1000 * (len(chunks) * (true.step_s + true.request_s) + true.join_s + true.prefill_token_s * p)
         ttft = prefill + 1000 * (true.api_s + true.api_serial_s)
         runs[f"prefill{p}"] = run(ttft, prefill, 1000 * (true.step_s + true.request_s), 0.0, 8)
     for b in cpu_engine.DECODE_BATCHES:
@@ -120,13 +137,13 @@ def _recording(true: steptime.FittedSteps, engine_name: str = "roomy") -> dict[s
 
 def test_the_fit_recovers_a_known_profile_from_its_calibration_figures() -> None:
     true = steptime.FittedSteps(step_s=3e-3, request_s=50e-6, prefill_token_s=20e-6, decode_token_s=0.0,
-                                admit_s=6e-3, api_s=5e-3, api_serial_s=1e-3)
+                                join_s=6e-3, api_s=5e-3, api_serial_s=1e-3)
     rec = json.loads(json.dumps(_recording(true)))
     got = cpu_profile.fit(rec, "roomy")
     assert got.step_s == pytest.approx(true.step_s, rel=1e-6)
     assert got.request_s == pytest.approx(true.request_s, rel=1e-6)
     assert got.prefill_token_s == pytest.approx(true.prefill_token_s, rel=1e-3)
-    assert (got.admit_s, got.new_request_s) == pytest.approx((true.admit_s, 0.0), abs=1e-6)
+    assert (got.join_s, got.new_request_s, got.batch_change_s) == pytest.approx((true.join_s, 0.0, 0.0), abs=1e-6)
     # a lone request pays both; how they split shows only where a burst outlasts the step it arrives in
     assert got.api_s + got.api_serial_s == pytest.approx(true.api_s + true.api_serial_s, abs=1e-9)
     for sc in cpu_engine.calibration("roomy"):
