@@ -2,13 +2,20 @@
 
 vLLM (`vllm/distributed/kv_events.py`) publishes three-frame ZMQ messages: topic, an 8-byte big-endian
 sequence number, and a msgpack payload. The payload is an `EventBatch` encoded by msgspec with
-`array_like=True`: `[ts, events, data_parallel_rank]`; each event is a tagged array, the tag first:
+`array_like=True`: `[ts, events, data_parallel_rank]`. Each event is a tagged struct; vLLM 0.32 (as
+measured from a real engine: tests/realengine/test_router_kv_events_real.py) writes it as a map, the tag
+in `type`, defaults omitted:
+    {"type": "BlockStored", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+     "medium", "lora_name", ...}
+    {"type": "BlockRemoved", "block_hashes", "medium"}
+    {"type": "AllBlocksCleared"}
+and earlier releases (`array_like` events) as a tagged array, the tag first:
     ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
     ["BlockRemoved", block_hashes, medium]
     ["AllBlocksCleared"]
-Block hashes are ints (older vLLM) or bytes (newer); trailing fields newer versions add are ignored, and
-missing trailing optional fields read as None. This module is pure: `from_wire` takes the decoded
-object; `kvwire` does the msgpack/ZMQ part.
+`from_wire` reads both; `to_wire` writes 0.32's maps. Block hashes are ints or bytes (vLLM 0.32 sends
+ints); fields newer versions add are ignored, and missing optional fields read as None. This module is
+pure: `from_wire` takes the decoded object; `kvwire` does the msgpack/ZMQ part.
 """
 
 from __future__ import annotations
@@ -60,10 +67,20 @@ def _hashes(where: str, value: Any) -> tuple[BlockHash, ...]:
     return tuple(value)
 
 
+STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
+REMOVED_FIELDS = ("block_hashes", "medium")
+
+
 def _event(obj: Any) -> KVEvent:
-    if not isinstance(obj, list | tuple) or not obj or not isinstance(obj[0], str):
-        raise EventFormatError(f"event: {obj!r:.80} is not a tagged array [\"BlockStored\", ...]")
-    tag, fields = obj[0], list(obj[1:])
+    if isinstance(obj, dict) and isinstance(obj.get("type"), str):  # vLLM 0.32: a map, the tag in `type`
+        tag = obj["type"]
+        names = STORED_FIELDS if tag == "BlockStored" else REMOVED_FIELDS if tag == "BlockRemoved" else ()
+        fields = [obj.get(n) for n in names]
+    elif isinstance(obj, list | tuple) and obj and isinstance(obj[0], str):  # earlier: a tagged array
+        tag, fields = obj[0], list(obj[1:])
+    else:
+        raise EventFormatError(f"event: {obj!r:.80} is neither {{\"type\": \"BlockStored\", ...}} nor "
+                               "[\"BlockStored\", ...]")
     if tag == "BlockStored":
         fields += [None] * (6 - len(fields))
         hashes, parent, ids, size, lora, medium = fields[:6]
@@ -97,16 +114,18 @@ def from_wire(obj: Any) -> EventBatch:
 
 
 def to_wire(batch: EventBatch) -> list[Any]:
-    """The array msgspec writes for vLLM's KVEventBatch (omit_defaults: a None rank is left off)."""
+    """What vLLM 0.32's msgspec writes for its KVEventBatch: the batch an array (a None rank left off), each
+    event a map tagged by `type` (the fields without defaults always, `lora_name` None as the engine sends)."""
     events: list[Any] = []
     for e in batch.events:
         if isinstance(e, BlockStored):
-            events.append(["BlockStored", list(e.block_hashes), e.parent_block_hash, list(e.token_ids),
-                           e.block_size, e.lora_id, e.medium])
+            events.append({"type": "BlockStored", "block_hashes": list(e.block_hashes),
+                           "parent_block_hash": e.parent_block_hash, "token_ids": list(e.token_ids),
+                           "block_size": e.block_size, "lora_id": e.lora_id, "medium": e.medium, "lora_name": None})
         elif isinstance(e, BlockRemoved):
-            events.append(["BlockRemoved", list(e.block_hashes), e.medium])
+            events.append({"type": "BlockRemoved", "block_hashes": list(e.block_hashes), "medium": e.medium})
         else:
-            events.append(["AllBlocksCleared"])
+            events.append({"type": "AllBlocksCleared"})
     out: list[Any] = [batch.ts, events]
     if batch.data_parallel_rank is not None:
         out.append(batch.data_parallel_rank)

@@ -151,18 +151,30 @@ def test_kv_events_fall_back_to_memory_for_silent_replicas() -> None:
     assert pick is not None and (pick.replica, pick.reason) == ("b", "fallback")
 
 
-def test_wire_form_round_trips_vllm_arrays() -> None:
+def test_wire_form_round_trips_vllm_032_maps_and_reads_the_older_arrays() -> None:
     batch = EventBatch(12.5, (BlockStored((1, 2), None, tuple(range(8)), BS, None, "GPU"), BlockRemoved((b"\x01",)),
                               AllBlocksCleared()), 0)
     wire = to_wire(batch)
-    assert wire[1][0] == ["BlockStored", [1, 2], None, list(range(8)), BS, None, "GPU"]
-    assert wire[1][2] == ["AllBlocksCleared"]
+    # as a real vLLM 0.32 engine sent it (tests/realengine/test_router_kv_events_real.py)
+    assert wire[1][0] == {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
+                          "token_ids": list(range(8)), "block_size": BS, "lora_id": None, "medium": "GPU",
+                          "lora_name": None}
+    assert wire[1][2] == {"type": "AllBlocksCleared"}
     assert from_wire(wire) == batch
+    newer = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": 7, "token_ids": list(range(BS)),
+             "block_size": BS, "lora_id": None, "medium": "GPU", "lora_name": None, "group_idx": 0}
+    assert from_wire([1.0, [newer]]).events == (BlockStored((1,), 7, tuple(range(BS)), BS, None, "GPU"),)
+    assert from_wire([1.0, [["BlockStored", [1, 2], None, list(range(8)), BS, None, "GPU"], ["AllBlocksCleared"]]]
+                     ).events == batch.events[:1] + batch.events[2:]  # before 0.32: tagged arrays
     assert from_wire([1.0, [["BlockRemoved", [5]]]]).events == (BlockRemoved((5,)),)  # no rank, no medium
     with pytest.raises(EventFormatError, match=r"BlockStored\.block_size"):
         from_wire([1.0, [["BlockStored", [1], None, [], 0, None, None]]])
+    with pytest.raises(EventFormatError, match=r"BlockStored\.block_size"):
+        from_wire([1.0, [{"type": "BlockStored", "block_hashes": [1]}]])
     with pytest.raises(EventFormatError, match="tag"):
         from_wire([1.0, [["Bogus"]]])
+    with pytest.raises(EventFormatError, match="neither"):
+        from_wire([1.0, [{"no": "type"}]])
 
 
 def test_kvwire_frames() -> None:
