@@ -48,6 +48,8 @@ def test_holders_are_the_replicas_listing_the_adapter_else_the_unread_ones() -> 
     (set(), set(), {"sql"}, 1, "active"),  # the router's call for sql holds the one slot
     ({"x", "sql"}, {"sql"}, set(), 1, "active"),  # running (over the limit as scraped): joins the batch
     (set(), {"sql", "x"}, set(), 1, "wait"),  # sql waits there behind x for the one slot
+    ({"sql", "x"}, {"y"}, set(), 2, "wait"),  # sql runs, but y waits for a slot: more sql would starve y
+    ({"sql", "x"}, {"x"}, set(), 2, "active"),  # only running adapters wait (for batch room): none starves
     ({"x", "y", "z"}, set(), set(), None, "free"),  # max_lora not scraped yet: no reason to expect a wait
 ])
 def test_slot_classes(running: set[str], waiting: set[str], mine: set[str], max_loras: int | None,
@@ -69,19 +71,23 @@ def test_every_strategy_keeps_to_the_replicas_listing_the_adapter(strategy: str)
     assert "a" in base  # the base model: every replica
 
 
-def test_least_loaded_puts_a_slot_wait_last_and_an_active_adapter_first_among_equals() -> None:
+def test_least_loaded_is_sticky_to_a_running_adapter_until_it_would_wait_or_saturate() -> None:
     p = Picker("least-loaded", block_size=BS)
     both = F({"sql", "x", "y"})
     busy_other = rep("a", adapters=both, in_flight=1, lora_running=F({"x", "y"}), max_loras=2)  # sql would wait
     active = rep("b", adapters=both, in_flight=3, lora_running=F({"sql"}), max_loras=2)
-    free = rep("c", adapters=both, in_flight=3, lora_running=F({"x"}), max_loras=2)
+    free = rep("c", adapters=both, in_flight=2, lora_running=F({"x"}), max_loras=2)
     pick = p.pick(req("sql"), [busy_other, active, free])
-    assert pick is not None and (pick.replica, pick.slot) == ("b", "active")  # a is least loaded, but sql waits there
-    lighter_free = rep("c", adapters=both, in_flight=2, lora_running=F({"x"}), max_loras=2)
-    pick = p.pick(req("sql"), [busy_other, active, lighter_free])
-    assert pick is not None and (pick.replica, pick.slot) == ("c", "free")  # load first: activity only breaks ties
+    assert pick is not None and (pick.replica, pick.slot) == ("b", "active")  # running it beats lighter loads
     blind = Picker("least-loaded", block_size=BS, lora_affinity=False)
     assert blind.pick(req("sql"), [busy_other, active, free]).replica == "a"  # type: ignore[union-attr]
+    full = rep("b", adapters=both, in_flight=4, lora_running=F({"sql"}), max_loras=2, max_num_seqs=4)
+    pick = p.pick(req("sql"), [busy_other, full, free])
+    assert pick is not None and (pick.replica, pick.slot) == ("c", "free")  # b saturated: the free slot
+    starving = rep("b", adapters=both, in_flight=3, lora_running=F({"sql", "x"}), lora_waiting=F({"y"}),
+                   max_loras=2)  # y waits on b for a slot: more sql there would keep it waiting
+    pick = p.pick(req("sql"), [busy_other, starving, free])
+    assert pick is not None and (pick.replica, pick.slot) == ("c", "free")
     all_wait = [busy_other, rep("d", adapters=both, in_flight=4, lora_running=F({"x", "y"}), max_loras=2)]
     pick = p.pick(req("sql"), all_wait)
     assert pick is not None and (pick.replica, pick.slot) == ("a", "wait")  # every replica waits: load decides
