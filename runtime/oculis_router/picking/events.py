@@ -34,6 +34,7 @@ class BlockStored:
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
+    lora_name: str | None = None  # the LoRA adapter the blocks were computed for (vLLM 0.32 names it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +68,7 @@ def _hashes(where: str, value: Any) -> tuple[BlockHash, ...]:
     return tuple(value)
 
 
-STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
+STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name")
 REMOVED_FIELDS = ("block_hashes", "medium")
 
 
@@ -82,8 +83,8 @@ def _event(obj: Any) -> KVEvent:
         raise EventFormatError(f"event: {obj!r:.80} is neither {{\"type\": \"BlockStored\", ...}} nor "
                                "[\"BlockStored\", ...]")
     if tag == "BlockStored":
-        fields += [None] * (6 - len(fields))
-        hashes, parent, ids, size, lora, medium = fields[:6]
+        fields += [None] * (7 - len(fields))
+        hashes, parent, ids, size, lora, medium, lora_name = fields[:7]
         if parent is not None and not isinstance(parent, int | bytes):
             raise EventFormatError(f"BlockStored.parent_block_hash: {parent!r:.80} is not a block hash")
         ids = ids or []
@@ -92,7 +93,8 @@ def _event(obj: Any) -> KVEvent:
         if not isinstance(size, int) or size < 1:
             raise EventFormatError(f"BlockStored.block_size: {size!r} is not a positive int")
         return BlockStored(_hashes("BlockStored.block_hashes", hashes), parent, tuple(ids), size,
-                           lora if isinstance(lora, int) else None, medium if isinstance(medium, str) else None)
+                           lora if isinstance(lora, int) else None, medium if isinstance(medium, str) else None,
+                           lora_name if isinstance(lora_name, str) and lora_name else None)
     if tag == "BlockRemoved":
         fields += [None] * (2 - len(fields))
         medium = fields[1]
@@ -115,13 +117,14 @@ def from_wire(obj: Any) -> EventBatch:
 
 def to_wire(batch: EventBatch) -> list[Any]:
     """What vLLM 0.32's msgspec writes for its KVEventBatch: the batch an array (a None rank left off), each
-    event a map tagged by `type` (the fields without defaults always, `lora_name` None as the engine sends)."""
+    event a map tagged by `type` (the fields without defaults always, `lora_name` None for the base model)."""
     events: list[Any] = []
     for e in batch.events:
         if isinstance(e, BlockStored):
             events.append({"type": "BlockStored", "block_hashes": list(e.block_hashes),
                            "parent_block_hash": e.parent_block_hash, "token_ids": list(e.token_ids),
-                           "block_size": e.block_size, "lora_id": e.lora_id, "medium": e.medium, "lora_name": None})
+                           "block_size": e.block_size, "lora_id": e.lora_id, "medium": e.medium,
+                           "lora_name": e.lora_name})
         elif isinstance(e, BlockRemoved):
             events.append({"type": "BlockRemoved", "block_hashes": list(e.block_hashes), "medium": e.medium})
         else:

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from oculis_router.picking.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, EventBatch
-from oculis_router.picking.hashing import ROOT, chain
+from oculis_router.picking.hashing import ROOT, adapter_root, chain
 
 
 class _Holders:
@@ -137,8 +137,11 @@ class KVIndex(_Holders):
                 self._add(h, replica)
             return
         bs = ev.block_size
-        if ev.parent_block_hash is None:  # an adapter's blocks (lora_id, the engine's own number) stand apart
-            parent: object = ROOT if ev.lora_id is None else chain(ROOT, [-1 - ev.lora_id])
+        if ev.parent_block_hash is None:  # an adapter's blocks stand apart from the base model's, as vLLM's
+            if ev.lora_name is not None:  # named (vLLM 0.32): keyed as the router hashes that adapter's prompts
+                parent: object = adapter_root(ev.lora_name)
+            else:  # only the engine's own number: apart, matched by no request
+                parent = ROOT if ev.lora_id is None else chain(ROOT, [-1 - ev.lora_id])
         else:
             parent = keys.get(ev.parent_block_hash, ev.parent_block_hash)  # unknown parent: keys match nothing
         for i, h in enumerate(ev.block_hashes):

@@ -13,8 +13,10 @@ from oculis_router.picking import (
     ReplicaState,
     adapter_root,
     block_hashes,
+    from_wire,
     holders,
     slot,
+    to_wire,
 )
 
 BS = 4
@@ -126,3 +128,15 @@ def test_kv_events_keep_an_adapters_blocks_apart_from_the_base_models() -> None:
     p.apply_events("b", EventBatch(0.0, (BlockStored((21, 22), None, tuple(prompt), BS),)))
     hits, _ = p.matches(req(None, prompt), [rep("a"), rep("b")])
     assert hits == {"a": 0, "b": 2}  # the base prompt matches b's base blocks only
+
+
+def test_kv_events_naming_an_adapter_match_that_adapters_requests() -> None:
+    prompt = list(range(100, 108))
+    p = Picker("kv-events", block_size=BS)
+    wire = to_wire(EventBatch(0.0, (BlockStored((11, 12), None, tuple(prompt), BS, 3, None, "sql"),)))
+    p.apply_events("a", from_wire(wire))  # vLLM 0.32 names the adapter in lora_name
+    p.apply_events("b", EventBatch(0.0, (BlockStored((21, 22), None, tuple(prompt), BS),)))
+    hits, _ = p.matches(req("sql", prompt), [rep("a"), rep("b")])
+    assert hits == {"a": 2, "b": 0}
+    hits, _ = p.matches(req("support", prompt), [rep("a"), rep("b")])
+    assert hits == {"a": 0, "b": 0}
