@@ -20,20 +20,11 @@ import argparse
 import sys
 from typing import Any
 
-import numpy as np
-
-from oculis_sim import config, fleet, workload
+from oculis_sim import config, fleet, fleetlora, workload
 
 ROWS: list[tuple[str, str, bool]] = [  # label, picker, LoRA affinity
     ("random", "random", False), ("least-loaded blind", "least-loaded", False),
     ("least-loaded lora", "least-loaded", True), ("prefix blind", "prefix", False), ("prefix lora", "prefix", True)]
-
-
-def draw(n: int, count: int, skew: float, seed: int) -> list[str | None]:
-    weights = 1.0 / np.arange(1, count + 1) ** skew
-    rng = np.random.default_rng(seed)
-    picks = rng.choice(count, size=n, p=weights / weights.sum())
-    return [f"adapter-{k}" for k in picks]
 
 
 def table(rows: list[tuple[str, dict[str, Any]]]) -> str:
@@ -61,7 +52,7 @@ def main() -> int:
     wl = workload.parse({"prompt_tokens": {"mean": 512, "stdev": 128, "min": 64, "max": 2048},
                          "output_tokens": {"mean": 256, "stdev": 64, "min": 16, "max": 1024},
                          "stages": [{"rate": args.rate, "seconds": args.seconds}], "seed": args.seed})
-    lora = draw(len(wl), args.adapters, args.skew, args.seed)
+    lora = fleetlora.draw(len(wl), args.adapters, args.skew, args.seed)
     rows = [(label, fleet.run(s, wl, args.replicas, name, seed=args.seed, adapters=lora,  # type: ignore[arg-type]
                               max_loras=args.max_loras, lora_affinity=affinity).summary)
             for label, name, affinity in ROWS]

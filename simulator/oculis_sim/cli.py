@@ -132,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--scrape-interval", type=float, default=1.0, metavar="S",
                    help="seconds between the router's reads of the engines' gauges (default 1)")
     f.add_argument("--workload", type=Path, required=True, metavar="FILE", help="YAML/JSON workload")
+    f.add_argument("--lora-adapters", type=int, default=0, metavar="N",
+                   help="each request asks for one of N LoRA adapters, every engine serving them all (default 0: "
+                   "the base model)")
+    f.add_argument("--lora-skew", type=float, default=0.0, metavar="S",
+                   help="adapter k drawn with weight 1/k^S (default 0: uniformly)")
+    f.add_argument("--max-loras", type=int, default=1, metavar="M", help="LoRA slots per engine (vLLM's, default 1)")
+    f.add_argument("--lora-blind", action="store_true",
+                   help="the picker ignores the engines' LoRA slots (keeps only to replicas listing the adapter)")
     f.add_argument("-o", "--output", choices=["text", "json"], default="text")
     s = sub.add_parser("serve", help="an OpenAI-compatible server backed by the simulated engine")
     add_engine_flags(s)

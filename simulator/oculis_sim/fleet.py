@@ -338,7 +338,8 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
         "per_replica": per,
     }
     if served:
-        summary["lora"] = {"max_loras": max_loras, "affinity": lora_affinity,
+        summary["lora"] = {"max_loras": max_loras,  # random and round-robin are adapter-blind by nature
+                           "affinity": lora_affinity and strategy not in ("random", "round-robin"),
                            "adapter_loads": sum(r.lora.loads for r in fleet),
                            "slot_waits": sum(r.lora.waits for r in fleet)}
     return FleetResult(summary, refused)

@@ -47,9 +47,19 @@ def run_fleet(args: argparse.Namespace, settings_from: Callable[[argparse.Namesp
         raise config.SimConfigError(f"--replicas {args.replicas}: must be a positive integer")
     if not args.scrape_interval > 0:
         raise config.SimConfigError(f"--scrape-interval {args.scrape_interval}: must be a positive number of seconds")
+    if args.lora_adapters < 0:
+        raise config.SimConfigError(f"--lora-adapters {args.lora_adapters}: must be 0 (the base model) or more")
+    if args.max_loras < 1:
+        raise config.SimConfigError(f"--max-loras {args.max_loras}: must be at least 1 (vLLM's default)")
     s = settings_from(args)
     wl = load_workload(args.workload)
-    results = [fleet.run(s, wl, args.replicas, name, scrape_interval=args.scrape_interval, seed=args.seed)
+    lora = None
+    if args.lora_adapters:
+        from oculis_sim.fleetlora import draw
+
+        lora = draw(len(wl), args.lora_adapters, args.lora_skew, args.seed)
+    results = [fleet.run(s, wl, args.replicas, name, scrape_interval=args.scrape_interval, seed=args.seed,
+                         adapters=lora, max_loras=args.max_loras, lora_affinity=not args.lora_blind)
                for name in names]
     rows = [r.summary for r in results]
     where = (f"{s.model_name} on {s.gpu.key} x{s.tp}, {args.replicas} replicas of {s.kv_cache_tokens:,} KV tokens, "
@@ -61,6 +71,12 @@ def run_fleet(args: argparse.Namespace, settings_from: Callable[[argparse.Namesp
         print(f"SIMULATED (oculis-simulator, not measured): {where}; workload {args.workload} "
               f"({len(wl)} requests)")
         print(table(rows))
+        for sm in rows:
+            if "lora" in sm:
+                lo = sm["lora"]
+                print(f"  {sm['picker']}: {args.lora_adapters} LoRA adapters, max_loras {lo['max_loras']}, "
+                      f"{'affinity' if lo['affinity'] else 'adapter-blind'}: {lo['adapter_loads']} adapter loads, "
+                      f"{lo['slot_waits']} requests waited for a slot")
         refused = results[0].refused
         if refused:
             print(f"  {refused} requests refused: longer than max_model_len")

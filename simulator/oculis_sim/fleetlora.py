@@ -11,7 +11,16 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from oculis_sim.lora import LOAD_S, into_slot
+
+
+def draw(n: int, count: int, skew: float, seed: int) -> list[str | None]:
+    """The adapter each of n requests asks for: `adapter-k` of `count`, k drawn with weight 1/(k+1)^skew."""
+    weights = 1.0 / np.arange(1, count + 1) ** skew
+    picks = np.random.default_rng(seed).choice(count, size=n, p=weights / weights.sum())
+    return [f"adapter-{k}" for k in picks]
 
 
 class Slots:

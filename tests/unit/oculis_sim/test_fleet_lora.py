@@ -3,9 +3,13 @@ small fleet where adapter affinity keeps adapters on their replicas."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from oculis_sim import config, fleet, workload
+from oculis_sim.cli import main
 from oculis_sim.fleetlora import Slots
 from oculis_sim.lora import LOAD_S
 
@@ -46,3 +50,18 @@ def test_every_request_is_served_with_adapters(strategy: str) -> None:
     lora: list[str | None] = [None if i % 3 == 0 else f"a{i % 5}" for i in range(len(wl))]
     out = fleet.run(s, wl, 3, strategy, adapters=lora, max_loras=1).summary  # type: ignore[arg-type]
     assert out["requests"] == len(wl) and out["lora"]["max_loras"] == 1
+
+
+def test_sim_fleet_takes_lora_adapters(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    wl = tmp_path / "wl.yaml"
+    wl.write_text(json.dumps({"prompt_tokens": 200, "output_tokens": 50, "stages": [{"rate": 20, "seconds": 5}],
+                              "seed": 2}))
+    args = ["fleet", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "--replicas", "2", "--workload",
+            str(wl), "--lora-adapters", "4", "--max-loras", "2", "--picker", "least-loaded", "-o", "json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["lora"]["max_loras"] == 2 and out["lora"]["affinity"] is True and out["lora"]["adapter_loads"] >= 4
+    assert main([*args, "--lora-blind"]) == 0
+    assert json.loads(capsys.readouterr().out)["lora"]["affinity"] is False
+    assert main([*args[:-2], "--max-loras", "0"]) == 2
+    assert "--max-loras 0: must be at least 1" in capsys.readouterr().err
