@@ -85,7 +85,8 @@ def pairs(prompt: int, budget: int) -> float:
 def fit(recorded: dict[str, Any], engine: str = "roomy") -> steptime.FittedSteps:
     """The profile of one engine session, from its calibration runs (medians over repeats)."""
     runs = recorded["runs"]
-    budget = cpu_engine.ENGINES[engine]["max_num_batched_tokens"]
+    engines = recorded.get("engines", cpu_engine.ENGINES)  # the settings the recording ran with
+    budget = engines[engine]["max_num_batched_tokens"]
     tag = "" if engine == "roomy" else f".{engine}"
 
     def figs(name: str) -> Figures:
@@ -122,7 +123,7 @@ def fit(recorded: dict[str, Any], engine: str = "roomy") -> steptime.FittedSteps
                                        **{paid: float(new)})
             err = 0.0
             for sc, real in burst:
-                sim = cpu_engine.simulate(sc, cand)
+                sim = cpu_engine.simulate(sc, cand, engines)
                 err += (sim["ttft_ms"] / real["ttft_ms"] - 1) ** 2 + (sim["e2e_ms"] / real["e2e_ms"] - 1) ** 2
             if best is None or err < best[0] - 1e-12:
                 best = (err, cand)
@@ -136,7 +137,7 @@ def save(p: steptime.FittedSteps, path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("recording", type=Path, help="a recording written by `bench/sim_validation.py --record-cpu`")
-    ap.add_argument("--engine", default="roomy", choices=sorted(cpu_engine.ENGINES))
+    ap.add_argument("--engine", default="roomy", help="which engine session of the recording (default roomy)")
     ap.add_argument("-o", "--output", type=Path, help="write the profile here (default: print it)")
     args = ap.parse_args()
     prof = fit(json.loads(args.recording.read_text()), args.engine)
