@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,15 +43,33 @@ def invalid(message: str, parameter: str | None = None, value: Any = None) -> Ap
 
 def schema_error(kind: str, loc: tuple[str | int, ...], msg: str, value: Any, param: str | None = None) -> ApiError:
     """FastAPI's request validation, as vLLM's handler words it (one error; type "Bad Request")."""
-    shown = f"<{type(value).__name__} of {len(value)} items>" if isinstance(value, (list, dict)) else value
-    where = ".".join(str(p) for p in ("body", *loc))
-    return ApiError(400, f"1 validation error:\n  {{'type': '{kind}', 'loc': '{where}', 'msg': '{msg}', "
-                    f"'input': {shown!r}}}", "Bad Request", param if param is not None else where)
+    err = schema_errors([(kind, loc, msg, value)])
+    return err if param is None else ApiError(err.status, err.message, err.err_type, param)
+
+
+def schema_errors(errors: Sequence[tuple[str, tuple[str | int, ...], str, Any]]) -> ApiError:
+    """Several (kind, loc, msg, input) validation errors in one refusal; `param` is the first one's loc."""
+    lines, first = [], ""
+    for kind, loc, msg, value in errors:
+        shown = f"<{type(value).__name__} of {len(value)} items>" if isinstance(value, (list, dict)) else value
+        where = ".".join(str(p) for p in ("body", *loc))
+        first = first or where
+        lines.append(f"  {{'type': '{kind}', 'loc': '{where}', 'msg': '{msg}', 'input': {shown!r}}}")
+    label = "error" if len(errors) == 1 else "errors"
+    return ApiError(400, f"{len(errors)} validation {label}:\n" + "\n".join(lines), "Bad Request", first)
 
 
 def validator_error(message: str, parameter: str) -> ApiError:
     """A request model validator's refusal: vLLM raises its VLLMValidationError through pydantic unchanged."""
     return invalid(message, parameter)
+
+
+def media_type_error(content_type: str) -> ApiError | None:
+    """vLLM's validate_json_request: a body that is not declared application/json is refused before parsing."""
+    if content_type.split(";", 1)[0].strip().lower() == "application/json":
+        return None
+    return ApiError(400, "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+                    "Bad Request")
 
 
 def json_error(exc: json.JSONDecodeError) -> ApiError:

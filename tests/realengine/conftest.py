@@ -24,8 +24,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ours = [i for i in items if HERE in Path(str(i.fspath)).parents]
     for item in ours:
         item.add_marker(pytest.mark.realengine)
-    # Tests grouped by the engine they use, so each configuration starts once per session.
-    order = {name: n for n, name in enumerate(("vllm_venv", "engine", "pressure_engine"))}
+    # Tests grouped by the engine they use, so each configuration starts once per session (the LoRA
+    # engine's tests are those that use the tiny adapters).
+    order = {name: n for n, name in enumerate(("vllm_venv", "engine", "pressure_engine", "tiny_adapters"))}
 
     def rank(item: pytest.Item) -> int:
         used = [order[f] for f in getattr(item, "fixturenames", ()) if f in order]
@@ -43,6 +44,12 @@ STATS = realvllm.STATS  # test modules add their figures there (a conftest is no
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for line in STATS.values():
         terminalreporter.write_line(f"realengine: {line}")
+
+
+@pytest.fixture(scope="session")
+def tier_stats() -> dict[str, str]:
+    """Figures a test measured, printed with the tier's summary (tests assert behaviour, never timings)."""
+    return STATS
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +73,11 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     "default": ("--enable-prompt-tokens-details",),
     "pressure": ("--kv-cache-memory-bytes", "1M", "--max-num-seqs", "4",
                  "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'),
+    # LoRA adapters (issue 26): one GPU slot, rank up to 8, adapters loaded and unloaded at run time; the
+    # test adds its static --lora-modules (the adapters are built at test time).
+    "lora": ("--enable-lora", "--max-loras", "1", "--max-lora-rank", "8"),
 }
+ENVS: dict[str, dict[str, str]] = {"lora": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}}
 
 
 class Engines:
@@ -75,20 +86,24 @@ class Engines:
     def __init__(self, venv: Path, model: Path, logs: Path) -> None:
         self.venv, self.model, self.logs = venv, model, logs
         self.name: str | None = None
+        self.extra: tuple[str, ...] = ()
         self.current: realvllm.Engine | None = None
         self._stack = contextlib.ExitStack()
         self.starts: dict[str, float] = {}
         self.peak_rss: dict[str, int] = {}
 
-    def get(self, name: str) -> realvllm.Engine:
-        if self.name == name and self.current and self.current.proc and self.current.proc.poll() is None:
+    def get(self, name: str, *extra: str) -> realvllm.Engine:
+        """The engine of configuration `name` (plus `extra` flags), started unless it runs already."""
+        if self.name == name and self.extra == extra and self.current and self.current.proc \
+                and self.current.proc.poll() is None:
             return self.current
         self.close()
-        flags = CONFIGS[name]
+        flags = (*CONFIGS[name], *extra)
         kv_gib = None if "--kv-cache-memory-bytes" in flags else 1  # the flag, not the variable, sizes it then
         self.current = self._stack.enter_context(
-            realvllm.running(self.venv, self.model, self.logs / f"vllm-{name}.log", *flags, kv_cache_gib=kv_gib))
-        self.name = name
+            realvllm.running(self.venv, self.model, self.logs / f"vllm-{name}.log", *flags, kv_cache_gib=kv_gib,
+                             env=ENVS.get(name)))
+        self.name, self.extra = name, extra
         self.starts[name] = self.current.started_s
         return self.current
 
@@ -131,6 +146,16 @@ def engine(engines: Engines) -> Iterator[realvllm.Engine]:
     """The default engine (shared by every test that asks for it while it runs)."""
     yield engines.get("default")
     engines.note_rss()
+
+
+@pytest.fixture(scope="session")
+def tiny_adapters(vllm_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """LoRA adapters for the tiny model (tinyadapter.py): two of rank 8, one of rank 16 (above the LoRA
+    engine's --max-lora-rank 8), and a folder with no adapter in it."""
+    root = tmp_path_factory.mktemp("adapters")
+    out = realvllm.tiny_adapters(vllm_venv, tiny_model, root, {"sql": (8, 1), "style": (8, 2), "wide": (16, 3)})
+    (root / "empty").mkdir()
+    return {**out, "empty": root / "empty"}
 
 
 @pytest.fixture

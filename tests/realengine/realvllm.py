@@ -68,6 +68,18 @@ def tiny_model(venv: Path, timeout_s: float = 600) -> Path:
     return out
 
 
+def tiny_adapters(venv: Path, model: Path, root: Path, specs: dict[str, tuple[int, int]],
+                  timeout_s: float = 300) -> dict[str, Path]:
+    """LoRA adapters for the tiny model in PEFT's layout (tinyadapter.py, run once with the engine's Python):
+    `specs` maps a name to (rank, seed); each lands in root/<name>."""
+    argv = [str(venv / "bin" / "python"), str(HERE / "tinyadapter.py"), str(model), str(root),
+            *(f"{name}:{rank}:{seed}" for name, (rank, seed) in specs.items())]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the tiny adapters failed:\n{proc.stderr[-3000:]}")
+    return {name: root / name for name in specs}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -135,11 +147,11 @@ class Engine:
     with the log's last lines."""
 
     def __init__(self, venv: Path, model: Path, log: Path, *extra: str, kv_cache_gib: int | None = 1,
-                 eager: bool = True, port: int | None = None) -> None:
+                 eager: bool = True, port: int | None = None, env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = serve_argv(venv, model, self.port, *extra, eager=eager)
-        self.env = engine_env(kv_cache_gib)
+        self.env = {**engine_env(kv_cache_gib), **(env or {})}
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_s = 0.0
@@ -207,10 +219,12 @@ def engine_lock(timeout_s: float | None = None) -> contextlib.AbstractContextMan
 
 @contextlib.contextmanager
 def running(venv: Path, model: Path, log: Path, *extra: str, kv_cache_gib: int | None = 1, eager: bool = True,
-            start_timeout_s: float = 420, lock_timeout_s: float | None = None) -> Iterator[Engine]:
-    """An engine for the duration of the block, holding the machine-wide engine lock meanwhile."""
+            start_timeout_s: float = 420, lock_timeout_s: float | None = None,
+            env: dict[str, str] | None = None) -> Iterator[Engine]:
+    """An engine for the duration of the block, holding the machine-wide engine lock meanwhile; `env` adds
+    to the engine's environment (e.g. VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
     with engine_lock(lock_timeout_s):
-        engine = Engine(venv, model, log, *extra, kv_cache_gib=kv_cache_gib, eager=eager)
+        engine = Engine(venv, model, log, *extra, kv_cache_gib=kv_cache_gib, eager=eager, env=env)
         try:
             yield engine.start(start_timeout_s)
         finally:
