@@ -1,7 +1,8 @@
 """LoRA adapters across replicas, over real HTTP: the real router in front of three real `oculis sim serve
 --enable-lora --max-loras 1` processes holding different adapters (one upstream, `endpoints:` listing them).
 A request for an adapter lands only on replicas whose engine lists it (`x-oculis-replica`); one whose only
-slot another adapter's request holds is passed over; an adapter declared but loaded nowhere is a 503
+slot another adapter's request holds is passed over; a route's tier whose replicas lack the adapter escalates
+to the next tier that has it; an adapter declared but loaded nowhere is a 503
 `adapter_not_loaded` naming it, with Retry-After, until an engine loads it at run time; an engine that
 unloads an adapter behind the router's back costs a retry on another replica, not a 404; and the
 per-adapter metrics (picks, tokens, dollars) carry the adapter label."""
@@ -51,8 +52,14 @@ def test_adapter_requests_land_only_where_the_adapter_is_loaded(sims: dict[str, 
     cfg.write_text(yaml.safe_dump({"oculis": {
         "upstreams": [{"name": "qwen", "provider": "vllm", "model": "qwen", "endpoints": list(replica),
                        "adapters": ["sql", "support", "style"],
-                       "pricing": {"input_per_mtok": 1.0, "output_per_mtok": 4.0}}],
-        "routes": []}}))
+                       "pricing": {"input_per_mtok": 1.0, "output_per_mtok": 4.0}},
+                      # a route whose cheap tier's replicas (a, c) lack `support`: its big tier's (b) answers
+                      {"name": "qwen-ac", "provider": "vllm", "model": "qwen", "adapters": ["sql", "support"],
+                       "endpoints": [f"{sims['a']}/v1", f"{sims['c']}/v1"]},
+                      {"name": "qwen-b", "provider": "vllm", "model": "qwen", "adapters": ["support"],
+                       "endpoints": [f"{sims['b']}/v1"]}],
+        "routes": [{"name": "chat", "tiers": [{"name": "small", "upstream": "qwen-ac"},
+                                              {"name": "big", "upstream": "qwen-b"}]}]}}))
     proc, url, mport = start_router(cfg, tmp_path / "router.log")
     try:
         def ask(model: str, i: int = 0) -> httpx.Response:
@@ -73,6 +80,11 @@ def test_adapter_requests_land_only_where_the_adapter_is_loaded(sims: dict[str, 
         support = [ask("qwen/support", i) for i in range(6)]
         assert {replica[r.headers["x-oculis-replica"]] for r in support} == {"b"}
         assert {replica[ask("qwen", i).headers["x-oculis-replica"]] for i in range(12)} <= {"a", "b", "c"}
+
+        escalated = ask("chat/support")
+        assert escalated.status_code == 200, escalated.text
+        assert escalated.headers["x-oculis-tier"] == "big" and replica[escalated.headers["x-oculis-replica"]] == "b"
+        assert escalated.headers["x-oculis-escalation-reason"] == "upstream_error"
 
         # b's one LoRA slot held by a long `support` stream: `sql` would wait there, so it goes to a
         with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=60, json={
