@@ -91,3 +91,22 @@ def test_lora_adapters_get_their_own_exact_rows() -> None:
         ("sql", 0.004, 0.4), ("support", 0.001, 0.1)]  # the other 50 %: the base model
     assert rows[0]["prompt_tokens"] == 30_000 and rows[1]["completion_tokens"] == 0
     assert adapter_rows(Counters()) == []
+
+
+def test_the_cost_report_prints_the_adapters_table() -> None:
+    import io
+
+    from oculis_cli.cost import render
+    from oculis_measure.cost.core import adapter_rows
+
+    c = Counters(requests={("chat", "small", "small", "ok"): 10}, cost={"small": 0.01},
+                 adapter_cost={("small", "sql"): 0.004}, adapter_prompt_tokens={("small", "sql"): 30_000})
+    cs = cells(c, PRICES)
+    rep = report(cs, ["route"], 0.0, "w", False) | {"prices_from": "test", "adapters": adapter_rows(c)}
+    out = io.StringIO()
+    render(rep, out)
+    text = out.getvalue()
+    assert "LoRA adapters" in text and "sql" in text and "40.0%" in text and "30,000" in text
+    plain = io.StringIO()
+    render(report(cs, ["route"], 0.0, "w", False) | {"prices_from": "test", "adapters": []}, plain)
+    assert "LoRA adapters" not in plain.getvalue()  # no adapter counted: no table
