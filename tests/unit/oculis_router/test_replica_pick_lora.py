@@ -122,3 +122,22 @@ def test_an_adapter_calls_cost_is_counted_per_adapter_too() -> None:
     assert value("oculis_cost_dollars_total", upstream="llama") == pytest.approx(0.004)  # unchanged: both calls
     assert value("oculis_adapter_prompt_tokens_total", upstream="llama", adapter="sql") == 1000
     assert value("oculis_adapter_completion_tokens_total", upstream="llama", adapter="sql") == 500
+
+
+def test_a_canary_without_the_adapter_yet_sends_the_call_to_stable() -> None:
+    from oculis_router.adapters import with_adapter
+    from oculis_router.upstreams import Revisions
+
+    cfg = RouterConfig.model_validate({"upstreams": [{
+        "name": "llama", "provider": "vllm", "adapters": ["sql"], "base_url": "http://llama.ns.svc:8000/v1",
+        "canary": {"base_url": "http://llama-canary.ns.svc:8000/v1", "percent": 50}}], "routes": []})
+    up = with_adapter(cfg.upstream("llama"), "sql")
+    fleet = Fleet(Metrics())
+    fleet.sync({"llama": ("least-loaded", [
+        Replica("stable-0", "http://127.0.0.1:32011/v1", "stable", adapters=frozenset({"sql"})),
+        Replica("canary-0", "http://127.0.0.1:32012/v1", "canary", adapters=frozenset())])})  # not loaded yet
+    revs = Revisions(up, "chat", BODY, 0.0, fleet)  # a draw of 0: the canary
+    assert revs.first == "canary"
+    rev, (url, _, payload), lease = revs.next()
+    assert (rev, lease is not None and lease.replica.id) == ("stable", "stable-0")
+    assert url.startswith("http://127.0.0.1:32011/v1") and payload["model"] == "sql"
