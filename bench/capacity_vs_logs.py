@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oculis import gpus
-from oculis.upstream import Engine, ModelConfig
+from oculis.engine import Engine, ModelConfig
 from oculis_operator import capacity, catalog, enginelog, hfconfig
 
 ROOT = Path(__file__).resolve().parents[1]

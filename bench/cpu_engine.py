@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from oculis.upstream import ModelConfig
+from oculis.engine import ModelConfig
 from oculis_sim import config, replay, steptime
 from oculis_sim.workload import Workload
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from oculis.upstream import ModelConfig
+from oculis.engine import ModelConfig
 from oculis_operator import catalog
 from oculis_sim import config, replay, versions, workload
 

@@ -30,7 +30,7 @@ import cpu_engine
 import cpu_profile
 import gpu_runs
 
-from oculis.upstream import ModelConfig
+from oculis.engine import ModelConfig
 from oculis_sim import config, replay, workload
 
 L8 = "meta-llama/Llama-3.1-8B-Instruct"

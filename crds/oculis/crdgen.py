@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from oculis import inferenceroute, upstream
+from oculis import inferenceroute, upstream, upstream_status
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUTS = (ROOT / "crds", ROOT / "charts" / "oculis" / "crds")
@@ -78,7 +78,7 @@ def kind_description(model: type[BaseModel]) -> str:
 def gpuupstream_crd() -> dict[str, Any]:
     spec = schema_of(upstream.GPUUpstreamSpec)
     spec["x-kubernetes-validations"] = upstream.CEL_RULES
-    status = schema_of(upstream.GPUUpstreamStatus)
+    status = schema_of(upstream_status.GPUUpstreamStatus)
     root = {
         "type": "object",
         "description": kind_description(upstream.GPUUpstream),

@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from oculis.base import Model
+from oculis.condition import Condition
 from oculis.router import NAME_PATTERN, Classifier, RouteBody, SemanticTier, TierMatch
-from oculis.upstream import Condition
 
 DEFAULT_CONFIG_MAP = "oculis-router-config"
 # A GPUUpstream's name: a DNS-1035 label (its Service must be able to exist), in the route's namespace.

@@ -29,7 +29,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from oculis import gpus
-from oculis.upstream import Autoscaling, duration_or_zero_seconds, duration_seconds
+from oculis.autoscaling import Autoscaling
+from oculis.formats import duration_or_zero_seconds, duration_seconds
 
 # A sample older than this (seconds) is stale: Prometheus stopped scraping or the engines stopped answering.
 STALE_AFTER_S = 60.0

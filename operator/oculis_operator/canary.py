@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from oculis.upstream import Canary, CanaryChecks, duration_seconds
+from oculis.formats import duration_seconds
+from oculis.rollout import Canary, CanaryChecks
 
 Verdict = Literal["Promote", "Rollback", "Continue", "Inconclusive"]
 # The checks in order: (status name, short name for the CANARY column, CanaryChecks field, is a latency).

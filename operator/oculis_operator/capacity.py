@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from oculis.engine import Engine, ModelConfig, Traffic
 from oculis.gpus import GPUProduct
-from oculis.upstream import Engine, ModelConfig, Traffic
 from oculis.vllm_flags import PINNED_VLLM
 from oculis.vllm_flags import vllm_version as vllm_version  # the plan's version comes from the image tag
 from oculis_operator import lora_capacity

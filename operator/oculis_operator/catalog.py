@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oculis.upstream import ModelConfig
+from oculis.engine import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,12 @@ from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
 from oculis import gpus
+from oculis.autoscaling import Autoscaling
+from oculis.formats import duration_seconds
 from oculis.inferenceroute import ClassifierDriftAlarm
-from oculis.upstream import GPU, Autoscaling, Canary, GPUUpstreamSpec, duration_seconds
+from oculis.placement import GPU
+from oculis.rollout import Canary
+from oculis.upstream import GPUUpstreamSpec
 from oculis_operator import (
     adapter_sync,
     autoscale,

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from oculis.base import format_errors
-from oculis.upstream import ModelConfig
+from oculis.engine import ModelConfig
 
 
 class HFConfigError(ValueError):

@@ -22,7 +22,7 @@ index tensors (a few int64 per batched token) are below a MiB and not planned.
 from __future__ import annotations
 
 from oculis.adapters import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS
-from oculis.upstream import Engine, ModelConfig
+from oculis.engine import Engine, ModelConfig
 
 LORA_DTYPE_BYTES = 2  # lora_dtype auto = the model's 16-bit dtype
 SHRINK_SLICES = 3  # q, k, v: the widest merged layer

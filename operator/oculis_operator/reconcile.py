@@ -20,8 +20,10 @@ from pydantic import ValidationError
 
 from oculis import gpus
 from oculis.base import format_errors
+from oculis.engine import Engine
+from oculis.rollout import Canary
 from oculis.router import PROVIDER_URLS
-from oculis.upstream import DNS_1035, MAX_NAME, Canary, Engine, GPUUpstreamSpec
+from oculis.upstream import DNS_1035, MAX_NAME, GPUUpstreamSpec
 from oculis_operator import (
     adapter_loading,
     autoscale,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oculis import gpus
-from oculis.upstream import Rollout
+from oculis.rollout import Rollout
 
 
 @dataclass(frozen=True)

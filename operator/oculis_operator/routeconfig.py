@@ -50,8 +50,8 @@ from pydantic import ValidationError
 
 from oculis.base import format_errors
 from oculis.inferenceroute import DEFAULT_CONFIG_MAP, HEADS_DIR, InferenceRouteSpec
+from oculis.rollout import Canary
 from oculis.router import NAME_PATTERN, Route, RouteBody, RouterConfig, Upstream
-from oculis.upstream import Canary
 from oculis_operator import render
 from oculis_operator.conditions import condition
 

@@ -53,7 +53,7 @@ def test_a_model_outside_the_catalog_plans_from_a_model_config_file(tmp_path: Pa
 def test_an_impossible_batch_is_advised_to_shrink_to_the_largest_safe_value() -> None:
     # The weights fit; only the activation peak of 10^8 sequences does not: more GPUs is the wrong fix.
     from oculis import gpus
-    from oculis.upstream import Engine
+    from oculis.engine import Engine
     from oculis_operator import capacity, catalog
 
     model, h100 = catalog.lookup("meta-llama/Llama-3.1-8B-Instruct"), gpus.lookup("H100-80GB")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from oculis.upstream import Canary, CanaryChecks
+from oculis.rollout import Canary, CanaryChecks
 from oculis_operator import canary
 from oculis_operator.canary import Sample, analyze, evaluate
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from oculis import gpus
-from oculis.upstream import Engine, Speculative, Traffic
+from oculis.engine import Engine, Speculative, Traffic
 from oculis_operator import capacity, catalog
 
 L8, L70 = "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from oculis import gpus
-from oculis.upstream import Engine, GPUProductName, ModelConfig
+from oculis.engine import Engine, ModelConfig
+from oculis.placement import GPUProductName
 from oculis_operator import capacity, catalog, engine_args, hfconfig
 
 GiB = 1024**3

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from oculis import gpus
-from oculis.upstream import Engine, GPUUpstreamSpec
+from oculis.engine import Engine
+from oculis.upstream import GPUUpstreamSpec
 from oculis_operator import capacity, catalog, lora_capacity, reconcile
 
 MiB = 1024**2

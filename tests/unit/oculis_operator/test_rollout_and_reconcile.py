@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from oculis.upstream import Rollout
+from oculis.rollout import Rollout
 from oculis_operator import rollout
 from oculis_operator.reconcile import Observed, reconcile
 

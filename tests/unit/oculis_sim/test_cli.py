@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from oculis.engine import Engine
 from oculis.gpus import lookup
-from oculis.upstream import Engine, GPUUpstreamSpec
+from oculis.upstream import GPUUpstreamSpec
 from oculis_cli.main import main
 from oculis_operator import capacity, catalog, engine_args
 from oculis_sim import cli

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from oculis.upstream import ModelConfig
+from oculis.engine import ModelConfig
 from oculis_sim import config, steptime
 from oculis_sim.engine import EngineCore
 from oculis_sim.scheduler import Request

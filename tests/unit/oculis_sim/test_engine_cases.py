@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from oculis.upstream import ModelConfig
+from oculis.engine import ModelConfig
 from oculis_sim import config, replay, steptime
 from oculis_sim.engine import EngineCore
 from oculis_sim.scheduler import Request
