@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -85,7 +86,7 @@ def found(config: RouterConfig, resolver: EndpointResolver | None, slices: Slice
             out[up.name] = (up.picker_name, reps)
     for up in config.upstreams:  # its replicas' /v1/models say which adapters each one serves
         for r in out.get(up.name, ("", []))[1]:
-            r.serves_adapters = bool(up.adapters)
+            r.serves_adapters, r.api_key_env = bool(up.adapters), up.api_key_env
     return out
 
 
@@ -155,8 +156,11 @@ async def scrape(http: aiohttp.ClientSession, r: Replica) -> None:
 
 async def read_adapters(http: aiohttp.ClientSession, r: Replica, now: float) -> None:
     """The adapters r's engine lists (its /v1/models); a failed read keeps the last list."""
+    key = os.environ.get(r.api_key_env) if r.api_key_env else None  # never logged
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        async with http.get(f"{r.url}/models", timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)) as resp:
+        async with http.get(f"{r.url}/models", headers=headers,
+                            timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)) as resp:
             if resp.status != 200:
                 return
             payload = await resp.json(content_type=None)

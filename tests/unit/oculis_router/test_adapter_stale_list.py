@@ -78,3 +78,38 @@ def test_with_no_replica_left_the_client_is_told_the_adapter_is_not_loaded() -> 
     assert err.status == 503 and err.code == "adapter_not_loaded" and "'sql'" in err.message
     assert seen == {"a": ["sql"]}  # tried once; then no replica lists it
 
+
+
+def test_the_adapter_list_is_read_with_the_upstreams_key() -> None:
+    import os
+
+    from oculis_router.replicas import read_adapters
+
+    async def models(request: web.Request) -> web.Response:  # an engine run with --api-key guards /v1/models
+        if request.headers.get("Authorization") != "Bearer sk-engine":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return web.json_response({"data": [{"id": "qwen", "parent": None}, {"id": "sql", "parent": "qwen"}]})
+
+    async def run() -> tuple[frozenset[str] | None, frozenset[str] | None]:
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        server = TestServer(app)
+        await server.start_server()
+        try:
+            keyless = Replica("a", str(server.make_url("/v1")), serves_adapters=True)
+            keyed = Replica("b", str(server.make_url("/v1")), serves_adapters=True,
+                            api_key_env="OCULIS_TEST_ENGINE_KEY")
+            async with aiohttp.ClientSession() as http:
+                await read_adapters(http, keyless, 1.0)
+                await read_adapters(http, keyed, 1.0)
+            return keyless.adapters, keyed.adapters
+        finally:
+            await server.close()
+
+    os.environ["OCULIS_TEST_ENGINE_KEY"] = "sk-engine"
+    try:
+        keyless, keyed = asyncio.run(run())
+    finally:
+        del os.environ["OCULIS_TEST_ENGINE_KEY"]
+    assert keyless is None  # refused: not read, so not taken as "serves no adapter"
+    assert keyed == frozenset({"sql"})
