@@ -29,7 +29,7 @@ GROUPS = 8
 PREFIX_WORDS = 450  # ~500 simulator tokens: ~31 blocks of 16
 BLOCKS = 110  # KV blocks per replica: about three groups' prefixes, so a replica seeing all eight thrashes
 REQUESTS = 96
-CONCURRENCY = 3  # at most 3 x ~30 blocks in flight on one replica: below its 110 (see the report on sim serve)
+CONCURRENCY = 6  # up to 6 x ~30 blocks in flight on one replica: past its 110, so it queues and preempts
 PORT_BASE = 36100  # this suite's range (36000-36999)
 
 
@@ -107,6 +107,22 @@ def _traffic(router: str, tag: str) -> tuple[list[float], list[str]]:
     return [t for t, _ in out], [r for _, r in out]
 
 
+def _heard_from_each(sims: list[str], mport: int) -> None:
+    """Each simulator publishes a batch the new router hears (a prompt of its own, sent to it directly)
+    before the traffic: a replica the router has not heard from yet is scored from its prefix memory
+    (`fallback`), which at 6 concurrent requests its first shared-prefix picks would otherwise be."""
+    for n, url in enumerate(sims):
+        body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": f"warm {n} " * 40}]}
+        assert httpx.post(url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
+
+    def applied() -> float:
+        text = httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=5).text
+        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == "oculis_kv_event_batches_total" and s.labels.get("outcome") == "applied")
+
+    eventually(lambda: applied() >= len(sims), timeout=30, what="a KV-event batch from each simulator")
+
+
 def _p90(xs: list[float]) -> float:
     return sorted(xs)[int(0.9 * (len(xs) - 1))]
 
@@ -117,6 +133,8 @@ def test_prefix_strategies_beat_random_on_the_engines_own_prefix_cache(sims: lis
     for picker in ("random", "prefix", "kv-events"):
         proc, url, mport = start_router(_config(tmp_path, picker, sims, picker), tmp_path / f"{picker}.log")
         try:
+            if picker == "kv-events":
+                _heard_from_each(sims, mport)
             h0, q0 = _prefix_counters(sims)
             ttfts, replicas = _traffic(url, picker.replace("-", ""))
             h1, q1 = _prefix_counters(sims)
