@@ -132,13 +132,13 @@ def _model_config(args: argparse.Namespace) -> Any:
 def _verdict(args: argparse.Namespace, product: str, inline: Any) -> dict[str, Any] | str:
     """The operator's own path: the schema validation `kubectl apply` runs, then the check it plans with,
     so the CLI and the GPUUpstream status give one verdict. A str is a bad-argument message."""
-    from oculis_operator import reconcile
+    from oculis_operator import capacity_check
 
     try:
         spec = GPUUpstreamSpec.model_validate(spec_body(args, product, inline))
     except ValidationError as exc:
         return with_flags(format_errors(exc, "spec"))
-    verdict = reconcile.check(spec)
+    verdict = capacity_check.check(spec)
     if isinstance(verdict, tuple):
         reason, message = verdict
         if reason == "UnknownModel":

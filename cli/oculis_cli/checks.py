@@ -134,7 +134,7 @@ def spec_facts(facts: dict[str, Any]) -> list[core.SpecFacts]:
     from pydantic import ValidationError
 
     from oculis.upstream import GPUUpstreamSpec
-    from oculis_operator.reconcile import check
+    from oculis_operator.capacity_check import check
 
     found = []
     for u in facts["upstreams"]:

@@ -15,7 +15,8 @@ from oculis import gpus
 from oculis.base import format_errors
 from oculis.upstream import GPUUpstreamSpec
 from oculis_operator import rollout
-from oculis_operator.reconcile import check, invalid_name, unhostable
+from oculis_operator.capacity_check import check, unhostable
+from oculis_operator.reconcile import invalid_name
 
 
 def admission_verdict(spec_body: dict[str, Any], name: str | None = None) -> str | None:

@@ -49,6 +49,7 @@ from oculis_operator import (
     classifier_drift,
     hfconfig,
     promquery,
+    reconcile_io,
     render,
     rollout,
     routeconfig,
@@ -371,7 +372,7 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     scaled = None if external else _autoscale(kube, spec, status, dep, ns, name)
     kv_events = not external and (spec.get("routing") or {}).get("picker") == "kv-events"
     register_adapters(kube, (ns, name), spec)
-    obs = core.Observed(
+    obs = reconcile_io.Observed(
         name=name, namespace=ns, uid=meta["uid"], generation=meta.get("generation", 1), spec=spec, status=status,
         deployment=dep,
         has_service=external or service is not None,

@@ -132,6 +132,17 @@ def deployment(name: str, namespace: str, uid: str, spec: GPUUpstreamSpec, argv:
     }
 
 
+def annotation(obj: dict[str, Any], key: str) -> str | None:
+    """An annotation of a rendered or observed object, or None."""
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
+    return str(value) if value is not None else None
+
+
+def template_hash(dep: dict[str, Any]) -> str | None:
+    """The engine hash (ENGINE_HASH) a Deployment's pod template carries."""
+    return annotation(dep.get("spec", {}).get("template", {}), ENGINE_HASH)
+
+
 def canary_name(name: str) -> str:
     return f"{workload_name(name)}-canary"
 

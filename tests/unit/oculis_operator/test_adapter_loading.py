@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from oculis_operator import adapter_loading as al
-from oculis_operator import reconcile
+from oculis_operator import reconcile, reconcile_io
 
 SQL = al.Want("sql", "org/sql-lora")
 STYLE = al.Want("style", "/adapters/style/s", mount="/adapters/style")
@@ -117,14 +117,14 @@ VLLM: dict[str, Any] = {"provider": "vllm", "model": "meta-llama/Llama-3.1-8B-In
 
 
 def _reconcile(spec: dict[str, Any], adapters: al.Report | None, status: dict[str, Any] | None = None,
-               ) -> reconcile.Outcome:
-    first = reconcile.reconcile(reconcile.Observed("llama", "demo", "uid", 1, spec, status or {}),
+               ) -> reconcile_io.Outcome:
+    first = reconcile.reconcile(reconcile_io.Observed("llama", "demo", "uid", 1, spec, status or {}),
                                 lambda _: 8, "2026-01-01T00:00:00Z")
     dep = first.create[0]
     dep["status"] = {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "availableReplicas": 1,
                      "observedGeneration": 1}
     dep["metadata"]["generation"] = 1
-    obs = reconcile.Observed("llama", "demo", "uid", 1, spec, {**first.status, **(status or {})}, deployment=dep,
+    obs = reconcile_io.Observed("llama", "demo", "uid", 1, spec, {**first.status, **(status or {})}, deployment=dep,
                              adapters=adapters)
     return reconcile.reconcile(obs, lambda _: 8, "2026-01-01T00:00:10Z")
 
@@ -157,10 +157,10 @@ def test_a_roll_for_a_volume_adapter_says_why() -> None:
     pvc = {"name": "style", "source": {"pvc": {"name": "loras"}}}
     first = _reconcile({**VLLM, "adapters": [hub]}, None)
     assert first.deployment_patch is None
-    dep = reconcile.reconcile(reconcile.Observed("llama", "demo", "uid", 1, {**VLLM, "adapters": [hub]}, {}),
+    dep = reconcile.reconcile(reconcile_io.Observed("llama", "demo", "uid", 1, {**VLLM, "adapters": [hub]}, {}),
                               lambda _: 8, "2026-01-01T00:00:00Z").create[0]
     dep["status"] = {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "availableReplicas": 1}
-    out = reconcile.reconcile(reconcile.Observed("llama", "demo", "uid", 2, {**VLLM, "adapters": [hub, pvc]},
+    out = reconcile.reconcile(reconcile_io.Observed("llama", "demo", "uid", 2, {**VLLM, "adapters": [hub, pvc]},
                                                  first.status, deployment=dep), lambda _: 8, "2026-01-01T00:00:20Z")
     assert out.deployment_patch is not None  # a new volume: the pods roll
     assert "only new pods can mount or drop its volume" in out.log[0] and "only new pods" in out.status["rollout"]

@@ -6,7 +6,8 @@ import copy
 from typing import Any
 
 from oculis_operator.autoscale import Decision, State, gpu_wait_text
-from oculis_operator.reconcile import Observed, reconcile
+from oculis_operator.reconcile import reconcile
+from oculis_operator.reconcile_io import Observed
 
 SPEC = {"provider": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 1,
         "gpu": {"product": "H100-80GB", "count": 1}, "engine": {"maxModelLen": 8192},

@@ -6,7 +6,8 @@ import copy
 from typing import Any
 
 from oculis_operator import canary, render, speculative
-from oculis_operator.reconcile import Observed, reconcile
+from oculis_operator.reconcile import reconcile
+from oculis_operator.reconcile_io import Observed
 
 CANARY = {"strategy": "Canary", "canary": {"replicas": 1, "duration": "20s", "interval": "10s", "failureLimit": 0,
                                           "minRequests": 5, "checks": {"maxRegressionPercent": 20}}}

@@ -12,7 +12,8 @@ from test_canary_reconcile import CHANGED, GOOD, SLOW, complete, stable_world
 
 from oculis import parse_config
 from oculis_operator import render, routeconfig
-from oculis_operator.reconcile import Observed, reconcile
+from oculis_operator.reconcile import reconcile
+from oculis_operator.reconcile_io import Observed
 
 T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z", "2026-01-01T00:00:15Z"
 SPLIT = {**CHANGED, "rollout": {**CHANGED["rollout"], "canary": {**CHANGED["rollout"]["canary"],

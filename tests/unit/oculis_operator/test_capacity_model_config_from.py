@@ -7,7 +7,8 @@ from typing import Any
 
 from oculis_operator import hfconfig
 from oculis_operator.admission import admission_verdict
-from oculis_operator.reconcile import Observed, reconcile
+from oculis_operator.reconcile import reconcile
+from oculis_operator.reconcile_io import Observed
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "hf-configs"
 SPEC: dict[str, Any] = {"provider": "vllm", "model": "acme/llama-70b-fp8-finetune",

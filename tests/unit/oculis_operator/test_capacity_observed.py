@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from oculis_operator import promquery
-from oculis_operator.reconcile import Observed, reconcile
+from oculis_operator.reconcile import reconcile
+from oculis_operator.reconcile_io import Observed
 
 SPEC: dict[str, Any] = {"provider": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct",
                         "gpu": {"product": "H100-80GB", "count": 1}, "engine": {"maxModelLen": 8192}}

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from oculis_operator import drift, rollout
-from oculis_operator.reconcile import Observed, reconcile
+from oculis_operator.reconcile import reconcile
+from oculis_operator.reconcile_io import Observed
 
 SPEC = {"provider": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 2,
         "gpu": {"product": "H100-80GB", "count": 1}, "engine": {"maxModelLen": 8192},

@@ -8,7 +8,7 @@ from typing import Any
 from oculis import gpus
 from oculis.engine import Engine
 from oculis.upstream import GPUUpstreamSpec
-from oculis_operator import capacity, catalog, lora_capacity, reconcile
+from oculis_operator import capacity, capacity_check, catalog, lora_capacity
 
 MiB = 1024**2
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
@@ -47,10 +47,10 @@ def spec(**engine: Any) -> GPUUpstreamSpec:
 
 
 def test_an_adapter_change_that_does_not_fit_is_refused_before_any_restart() -> None:
-    fits = reconcile.check(spec())
+    fits = capacity_check.check(spec())
     assert isinstance(fits, capacity.Plan) and fits.fits
-    small = reconcile.check(spec(maxLoras=1, maxLoraRank=16))
+    small = capacity_check.check(spec(maxLoras=1, maxLoraRank=16))
     assert isinstance(small, capacity.Plan) and small.fits
-    big = reconcile.check(spec(maxLoras=8, maxLoraRank=256))  # 8 x 16 x 80 MiB = 10 GiB on a 24 GB L4
+    big = capacity_check.check(spec(maxLoras=8, maxLoraRank=256))  # 8 x 16 x 80 MiB = 10 GiB on a 24 GB L4
     assert isinstance(big, capacity.Plan) and not big.fits
     assert capacity.KV_EXHAUSTED in big.message

@@ -98,7 +98,8 @@ def test_the_inference_pool_is_skipped_cleanly_without_its_crd_and_written_once_
 
 
 def test_kv_events_condition_says_when_the_router_hears_no_events_and_ready_is_untouched() -> None:
-    from oculis_operator.reconcile import Observed, reconcile
+    from oculis_operator.reconcile import reconcile
+    from oculis_operator.reconcile_io import Observed
 
     spec = {**VLLM, "replicas": 1, "routing": {"picker": "kv-events"}}
     dep = reconcile(Observed("x", "ns", "uid", 1, spec, {}, None), lambda p: 8, "t").create[0]

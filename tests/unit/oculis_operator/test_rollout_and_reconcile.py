@@ -6,7 +6,8 @@ from typing import Any
 
 from oculis.rollout import Rollout
 from oculis_operator import rollout
-from oculis_operator.reconcile import Observed, reconcile
+from oculis_operator.reconcile import reconcile
+from oculis_operator.reconcile_io import Observed
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 
