@@ -164,22 +164,29 @@ def test_the_router_tokenizes_a_chat_exactly_as_the_engine_does(pair: Pair, tiny
                               f"median {statistics.median(remote) * 1e3:.2f} ms (idle engine)")
 
 
+def _place_group(pair: Pair, upstream: str, g: int, mt: model_tokens.ModelTokens) -> tuple[dict[str, Any], str]:
+    """The group's first request through `upstream`, and the engine it went to, once that engine's KV events
+    have told the router (the upstream's own index) that it stored the group's shared blocks."""
+    first = _body(upstream, g, 0)
+    holder = pair.chat(upstream, first).headers["x-oculis-replica"]
+    req = pick_request(first, "chat", BLOCK, True, tokens=mt)
+    shared = _shared_blocks(mt, first, _body(upstream, g, 1))
+    assert shared >= 2, "the test's prompts must share at least two whole blocks"
+    index = pair.pool(upstream).picker.index
+    # the router learns the blocks from the engine's events, not from having sent them there
+    eventually(lambda: index.match(req.block_hashes, [holder])[holder] >= shared, timeout=30,
+               what=f"group {g}'s blocks in the {upstream} index for {holder}")
+    return first, holder
+
+
 def test_shared_prefixes_land_on_the_engine_holding_their_blocks(pair: Pair, tiny_model: Path) -> None:
     mt = model_tokens.load(str(tiny_model))
     _both_heard(pair)
-    pool = pair.pool("tok")
     before = {rid: _hits(e) for rid, e in pair.replica_of.items()}
     cached_at = dict.fromkeys(pair.replica_of, 0)
     prefix_picks = pair.picks("tok", "prefix")
     for g in range(GROUPS):
-        first = _body("tok", g, 0)
-        holder = pair.chat("tok", first).headers["x-oculis-replica"]
-        req = pick_request(first, "chat", BLOCK, True, tokens=mt)
-        shared = _shared_blocks(mt, first, _body("tok", g, 1))
-        assert shared >= 2, "the test's prompts must share at least two whole blocks"
-        # the router learns the blocks from the engine's events, not from having sent them there
-        eventually(lambda h=holder, r=req, s=shared: pool.picker.index.match(r.block_hashes, [h])[h] >= s,
-                   timeout=30, what=f"group {g}'s blocks in the router's index for {holder}")
+        first, holder = _place_group(pair, "tok", g, mt)
         for n in range(1, FOLLOW_UPS + 1):
             body = _body("tok", g, n)
             r = pair.chat("tok", body)
@@ -201,11 +208,7 @@ def test_without_a_tokenizer_text_keys_never_match_a_real_engines_events(pair: P
     _both_heard(pair)
     landed = 0
     for g in range(GROUPS):
-        first = _body("text", g, 0)
-        holder = pair.chat("text", first).headers["x-oculis-replica"]
-        req = pick_request(first, "chat", BLOCK, True, tokens=mt)
-        eventually(lambda h=holder, r=req: pair.pool("text").picker.index.match(r.block_hashes, [h])[h] >= 2,
-                   timeout=30, what=f"group {g}'s blocks stored by {holder}")
+        _, holder = _place_group(pair, "text", g, mt)
         for n in range(1, FOLLOW_UPS + 1):
             landed += pair.chat("text", _body("text", g, n)).headers["x-oculis-replica"] == holder
     assert pair.picks("text", "prefix") == 0 and pair.picks("text", "fallback") == 0
