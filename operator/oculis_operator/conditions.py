@@ -1,7 +1,9 @@
-"""Status conditions that keep their lastTransitionTime unless their status really changes."""
+"""Status conditions that keep their lastTransitionTime unless their status really changes; the time they
+carry (`utc_now`) and whether a status write changes anything."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 ORDER = ("Ready", "CapacityOK", "Progressing", "Degraded")
@@ -30,3 +32,11 @@ class Conditions:
     def items(self) -> list[dict[str, Any]]:
         merged: dict[str, dict[str, Any]] = {**self._prev, **self._new}
         return [merged[t] for t in ORDER if t in merged] + [c for t, c in merged.items() if t not in ORDER]
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    return any(old.get(k) != v for k, v in new.items())

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kopf._core.engines import posting
 
-from oculis_operator import handlers
+from oculis_operator import rechecks
 
 
 def test_recheck_reconciles_can_post_events(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,7 +26,7 @@ def test_recheck_reconciles_can_post_events(monkeypatch: pytest.MonkeyPatch) -> 
         def handler() -> None:  # what kopf does around every object handler, then ours
             posting.event_queue_loop_var.set(loop)
             posting.event_queue_var.set("the operator's event queue")  # type: ignore[arg-type]
-            handlers.remember_event_context(kube)  # type: ignore[arg-type]
+            rechecks.remember_event_context(kube)  # type: ignore[arg-type]
 
         contextvars.copy_context().run(handler)
 
@@ -34,9 +34,9 @@ def test_recheck_reconciles_can_post_events(monkeypatch: pytest.MonkeyPatch) -> 
             seen.append(posting.event_queue_var.get(None))  # kopf.info/warn read exactly this
             loop.call_soon_threadsafe(done.set)
 
-        monkeypatch.setattr(handlers, "reconcile_named", reconcile_named)
-        monkeypatch.setattr(handlers, "RECHECK_SECONDS", 0)
-        task = asyncio.create_task(handlers.recheck(SimpleNamespace(kube=kube)))  # type: ignore[arg-type]
+        monkeypatch.setattr(rechecks, "reconcile_named", reconcile_named)
+        monkeypatch.setattr(rechecks, "RECHECK_SECONDS", 0)
+        task = asyncio.create_task(rechecks.recheck(SimpleNamespace(kube=kube)))  # type: ignore[arg-type]
         await asyncio.wait_for(done.wait(), 10)
         task.cancel()
 
