@@ -24,7 +24,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from oculis_operator import adapter_sync, render, rollout, routeconfig
+from oculis_operator import adapter_sync, render, rollout, router_configmap
 from oculis_operator.admission import admission_verdict, admission_warning
 from oculis_operator.kube import GROUP, PLURAL, VERSION, Kube, load_client
 from oculis_operator.metrics import OperatorMetrics
@@ -124,7 +124,7 @@ def route_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf
     render_routes_or_recheck(memo.kube, body["metadata"]["namespace"], logger, sweep=True)
 
 
-@kopf.on.event("", "v1", "configmaps", labels=routeconfig.LABELS)
+@kopf.on.event("", "v1", "configmaps", labels=router_configmap.LABELS)
 def router_config_event(type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
                         **_: Any) -> None:
     # A router ConfigMap edited or deleted by hand is rewritten from the routes; after our own

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
 from oculis.inferenceroute import ClassifierDriftAlarm
-from oculis_operator import classifier_drift, promquery, routeconfig
+from oculis_operator import classifier_drift, promquery, routeconfig, router_configmap
 from oculis_operator.api_errors import api_error_line, going_away
 from oculis_operator.conditions import Conditions, status_changed, utc_now
 from oculis_operator.kube import PLURAL, Kube
@@ -43,11 +43,11 @@ def render_routes(kube: Kube, namespace: str, logger: kopf.Logger, sweep: bool =
         routes = kube.list_custom(namespace, ROUTES)
         if not routes and not sweep:
             return
-        live = {cm["metadata"]["name"]: cm for cm in kube.config_maps(namespace, routeconfig.SELECTOR)}
+        live = {cm["metadata"]["name"]: cm for cm in kube.config_maps(namespace, router_configmap.SELECTOR)}
         if not routes and not live:
             return
         # What the operator last wrote: a route whose upstream vanished keeps its last good block.
-        previous = {cm: data for cm, obj in live.items() if (data := routeconfig.written_data(obj)) is not None}
+        previous = {cm: data for cm, obj in live.items() if (data := router_configmap.written_data(obj)) is not None}
         desired = (routeconfig.render_config_maps(routes, kube.list_custom(namespace, PLURAL), previous)
                    if routes else {})
         for cm, out in desired.items():
@@ -55,12 +55,12 @@ def render_routes(kube: Kube, namespace: str, logger: kopf.Logger, sweep: bool =
             why = routeconfig.config_map_drift(current, out)
             if why is None:
                 continue
-            kube.apply_config_map(namespace, cm, out.data, {routeconfig.HASH_ANNOTATION: out.digest},
-                                  exists=current is not None, labels=routeconfig.LABELS, owners=out.owners)
+            kube.apply_config_map(namespace, cm, out.data, {router_configmap.HASH_ANNOTATION: out.digest},
+                                  exists=current is not None, labels=router_configmap.LABELS, owners=out.owners)
             logger.info(f"Rendered router config {cm} ({out.digest}): {why}")
             if why.startswith("edited by hand") or why.startswith("labels"):
                 for route in routes:
-                    if routeconfig.config_map_of(route) == cm:
+                    if router_configmap.config_map_of(route) == cm:
                         kopf.warn(route, reason="ConfigMapReverted",  # type: ignore[arg-type]
                                   message=f"ConfigMap {cm} was {why}; rewritten from the routes that name it")
         for cm in sorted(live.keys() - desired.keys()):
@@ -72,7 +72,7 @@ def render_routes(kube: Kube, namespace: str, logger: kopf.Logger, sweep: bool =
         watched = False
         for route in routes:
             meta, status = route["metadata"], route.get("status") or {}
-            cm = routeconfig.config_map_of(route)
+            cm = router_configmap.config_map_of(route)
             rendered = desired.get(cm)
             verdict = rendered.routes.get(meta["name"]) if rendered else None
             if rendered is None or verdict is None:

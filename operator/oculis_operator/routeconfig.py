@@ -33,11 +33,13 @@ for the router Deployment.
 The ConfigMap is owned (ownerReferences) by the routes that name it, so it is garbage-collected with
 the last of them even while the operator is down; the operator also deletes one that no route names
 any more (the last route moved to another ConfigMap).
+
+Its parts: `route_upstreams` (which upstreams a route names, whether each answers), `upstream_entry`
+(a GPUUpstream as the router sees it) and `router_configmap` (the ConfigMap objects, the last write).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections import defaultdict
@@ -49,17 +51,31 @@ import yaml
 from pydantic import ValidationError
 
 from oculis.base import format_errors
-from oculis.inferenceroute import DEFAULT_CONFIG_MAP, HEADS_DIR, InferenceRouteSpec
-from oculis.rollout import Canary
-from oculis.router import NAME_PATTERN, Route, RouteBody, RouterConfig, Upstream
-from oculis_operator import render
-from oculis_operator.conditions import condition
+from oculis.inferenceroute import HEADS_DIR, InferenceRouteSpec
+from oculis.router import NAME_PATTERN, RouterConfig, Upstream
+from oculis_operator.route_upstreams import (
+    NOT_READY,
+    PROGRESSING,
+    READY,
+    SCALED_TO_ZERO,
+    answered_at_zero,
+    not_ready_because,
+    route_upstreams,
+    upstream_state,
+    verifier_of,
+)
+from oculis_operator.router_configmap import (
+    CONFIG_KEY,
+    HASH_ANNOTATION,
+    LABELS,
+    SECRETS_KEY,
+    config_map_of,
+    data_digest,
+    last_good,
+    owner_references,
+)
+from oculis_operator.upstream_entry import upstream_entry
 
-CONFIG_KEY, SECRETS_KEY = "oculis-config.yaml", "secret-env.json"
-HASH_ANNOTATION = "oculis.dev/config-hash"  # digest of the data the operator last wrote
-LABELS = {"app.kubernetes.io/managed-by": "oculis", "app.kubernetes.io/component": "router-config"}
-SELECTOR = ",".join(f"{k}={v}" for k, v in LABELS.items())
-ROUTE_API_VERSION, ROUTE_KIND = "oculis.dev/v1alpha1", "InferenceRoute"
 EMPTY: dict[str, Any] = {"oculis": {"upstreams": [], "routes": []}}
 LEFT_OUT = "the route is left out of the router config"
 KEPT = "the router keeps serving this route's last good config"
@@ -84,10 +100,6 @@ class RouteVerdict:
     named_ready: dict[str, bool] = field(default_factory=dict)
 
 
-# An upstream as a route's tier sees it (`upstream_state`).
-READY, PROGRESSING, SCALED_TO_ZERO, NOT_READY = "ready", "progressing", "scaled-to-zero", "not-ready"
-
-
 @dataclass
 class Rendered:
     data: dict[str, str]  # ConfigMap data
@@ -96,203 +108,8 @@ class Rendered:
     owners: list[dict[str, Any]] = field(default_factory=list)  # ownerReferences: the routes that name it
 
 
-def key_env(name: str) -> str:
-    return "OCULIS_KEY_" + name.upper().replace("-", "_")
-
-
-def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    meta, spec, status = obj["metadata"], obj.get("spec", {}), obj.get("status") or {}
-    name = meta["name"]
-    # A self-hosted upstream is asked for the stable alias its every replica serves (status.servedModel,
-    # its own name), so a spec.model change keeps answering while old and new pods overlap.
-    entry: dict[str, Any] = {"name": name, "provider": spec["provider"],
-                             "model": (spec["provider"] == "vllm" and status.get("servedModel")) or spec.get("model")}
-    if spec.get("pricing"):
-        entry["pricing"] = {
-            k: v
-            for k, v in {
-                "input_per_mtok": spec["pricing"].get("inputPerMtok"),
-                "output_per_mtok": spec["pricing"].get("outputPerMtok"),
-                "cached_input_per_mtok": spec["pricing"].get("cachedInputPerMtok"),
-                "cache_write_per_mtok": spec["pricing"].get("cacheWritePerMtok"),
-            }.items()
-            if v is not None
-        }
-    if spec.get("timeouts"):
-        entry["timeouts"] = {
-            k: v
-            for k, v in {
-                "connect_seconds": spec["timeouts"].get("connectSeconds"),
-                "first_byte_seconds": spec["timeouts"].get("firstByteSeconds"),
-                "idle_seconds": spec["timeouts"].get("idleSeconds"),
-            }.items()
-            if v is not None
-        }
-    secret = None
-    if spec["provider"] == "vllm":
-        entry["base_url"] = render.endpoint(name, meta["namespace"])
-        entry["revision"] = status.get("engineHash") or "pending"
-        if picker := (spec.get("routing") or {}).get("picker"):
-            entry["picker"] = picker
-        if adapters := spec.get("adapters"):  # a tier naming another adapter is refused (InvalidRouterConfig)
-            entry["adapters"] = [a["name"] for a in adapters]
-        if (share := canary_share(obj)) is not None:
-            entry["canary"] = {"base_url": render.canary_endpoint(name, meta["namespace"]), "percent": share}
-        # The router must know, to apply the route's coldStart instead of a doomed connection attempt:
-        # scaled to zero, or autoscaled and waking (replicas asked for, none ready yet).
-        waking = bool(spec.get("autoscaling")) and not (status.get("readyReplicas") or 0)
-        if upstream_state(obj) == SCALED_TO_ZERO or waking:
-            entry["scaled_to_zero"] = True
-    else:
-        if spec.get("baseURL"):
-            entry["base_url"] = spec["baseURL"]
-        ref = spec.get("apiKeySecretRef")
-        if ref:
-            entry["api_key_env"] = key_env(name)
-            secret = {"env": key_env(name), "secret": ref["name"], "key": ref.get("key", "api-key")}
-        pc = spec.get("promptCache")
-        if pc:
-            entry["prompt_cache"] = {
-                k: v
-                for k, v in {
-                    "enabled": True,
-                    "min_prefix_tokens": pc.get("minPrefixTokens"),
-                    "breakpoints": pc.get("breakpoints"),
-                    "ttl": pc.get("ttl"),
-                }.items()
-                if v is not None
-            }
-        entry["revision"] = str(meta.get("generation", 1))
-    return entry, secret
-
-
-def canary_share(obj: dict[str, Any]) -> int | None:
-    """spec.rollout.canary.trafficPercent while this upstream's canary is analysed with its replicas up
-    (status.canary of the current generation and desired engine hash, phase Analyzing, startedAt set:
-    the reconcile sets it once the canary Deployment is complete); else None. A canary that is waiting
-    for GPUs, starting, promoted, rolled back or left over from an earlier spec takes no traffic."""
-    spec, status = obj.get("spec") or {}, obj.get("status") or {}
-    c = status.get("canary") or {}
-    rollout = spec.get("rollout") or {}
-    if (rollout.get("strategy") != "Canary" or c.get("phase") != "Analyzing" or not c.get("startedAt")
-            or c.get("generation") != status.get("observedGeneration")
-            or c.get("engineHash") != status.get("desiredEngineHash")):
-        return None
-    try:
-        return Canary.model_validate(rollout.get("canary") or {}).traffic_percent
-    except ValidationError:
-        return None  # the upstream's own status says its spec is invalid
-
-
-def ready(obj: dict[str, Any]) -> bool:
-    return condition(obj.get("status"), "Ready").get("status") == "True"
-
-
-def verifier_of(body: RouteBody) -> str | None:
-    """The upstream that grades the route's answers (escalation.on_answer.verifier), or None."""
-    check = body.escalation.on_answer
-    return check.verifier.upstream if check is not None and check.verifier is not None else None
-
-
-def route_upstreams(body: RouteBody) -> list[str]:
-    """The upstreams a route names, each once: its tiers' in order, then its verifier's. Every place that
-    renders, checks or carries a route's upstreams reads this, so none can leave the verifier out."""
-    verifier = verifier_of(body)
-    return list(dict.fromkeys([*(t.upstream for t in body.tiers), *([verifier] if verifier else [])]))
-
-
-def answered_at_zero(cold_start: str, tier_upstreams: list[str], states: Mapping[str, str]) -> str | None:
-    """How the route's requests are answered while some of its upstreams are scaled to zero, or None
-    when some are not (then the route is not Ready). Only coldStart escalate answers at once, and only
-    when every tier at zero has a later tier whose upstream serves (the router escalates upwards,
-    decide.cold_start); wait holds requests for a cold engine, which may outlast the wait."""
-    if cold_start != "escalate":
-        return None
-    for i, u in enumerate(tier_upstreams):
-        if states[u] == SCALED_TO_ZERO and not any(states[v] == READY for v in tier_upstreams[i + 1:]):
-            return None
-    return "coldStart escalate: their tiers' requests are answered by the next tier that serves until they wake"
-
-
-def upstream_state(obj: dict[str, Any] | None) -> str:
-    """Can this upstream answer a tier's requests? Ready, or a self-hosted one with a ready replica
-    (a rolling update or a refused change keeps the old replicas answering); otherwise scaled to zero,
-    still coming up (no status yet, or Progressing and not Degraded), or not Ready (Degraded)."""
-    if obj is None:
-        return NOT_READY
-    status = obj.get("status") or {}
-    if ready(obj) or ((obj.get("spec") or {}).get("provider") == "vllm" and (status.get("readyReplicas") or 0) > 0):
-        return READY
-    ready_cond = condition(status, "Ready")
-    if ready_cond.get("reason") == "ScaledToZero":
-        return SCALED_TO_ZERO
-    degraded = condition(status, "Degraded").get("status") == "True"
-    if not degraded and (not ready_cond or condition(status, "Progressing").get("status") == "True"):
-        return PROGRESSING
-    return NOT_READY
-
-
-def not_ready_because(obj: dict[str, Any]) -> str:
-    """`name (Reason)`: why an upstream is not Ready, as its own Ready condition says."""
-    return f"{obj['metadata']['name']} ({condition(obj.get('status'), 'Ready').get('reason', 'not reconciled yet')})"
-
-
 def one_line(exc: ValidationError, root: str = "") -> str:
     return format_errors(exc, root).replace("\n", "; ")
-
-
-def config_map_of(route: dict[str, Any]) -> str:
-    return (route.get("spec") or {}).get("configMap") or DEFAULT_CONFIG_MAP
-
-
-def data_digest(data: dict[str, str] | None) -> str:
-    return hashlib.sha256(json.dumps(data or {}, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def owner_references(routes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Not controller references: several routes own one ConfigMap, and it goes with the last."""
-    return [{"apiVersion": ROUTE_API_VERSION, "kind": ROUTE_KIND, "name": r["metadata"]["name"],
-             "uid": r["metadata"]["uid"]}
-            for r in sorted(routes, key=lambda r: r["metadata"]["name"]) if r["metadata"].get("uid")]
-
-
-def written_data(current: dict[str, Any] | None) -> dict[str, str] | None:
-    """The live ConfigMap's data if it is what the operator last wrote (its hash annotation matches),
-    else None: a hand edit must never be carried over as a route's last good config."""
-    if current is None:
-        return None
-    data = current.get("data") or {}
-    written = ((current.get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION)
-    return dict(data) if written == data_digest(data) else None
-
-
-@dataclass
-class LastGood:
-    """A route's block from the previous rendering, with the upstream entries and Secret env it named."""
-
-    route: dict[str, Any]
-    upstreams: dict[str, dict[str, Any]]
-    secrets: dict[str, dict[str, Any]]  # by env variable name
-
-
-def last_good(previous: Mapping[str, str] | None, name: str) -> LastGood | None:
-    """Route `name` as the previous rendering (`previous`: that ConfigMap's data) served it; None when
-    it held no such route or cannot be read."""
-    if not previous:
-        return None
-    try:
-        doc = (yaml.safe_load(previous.get(CONFIG_KEY) or "") or {}).get("oculis") or {}
-        block = next((r for r in doc.get("routes") or [] if r.get("name") == name), None)
-        if block is None:
-            return None
-        by_name = {u["name"]: u for u in doc.get("upstreams") or []}
-        names = route_upstreams(Route.model_validate(block))
-        if any(u not in by_name for u in names):
-            return None
-        secrets = {s["env"]: s for s in json.loads(previous.get(SECRETS_KEY) or "[]")}
-    except (yaml.YAMLError, json.JSONDecodeError, ValidationError, AttributeError, KeyError, TypeError):
-        return None
-    return LastGood(block, {u: by_name[u] for u in names}, secrets)
 
 
 def render_config_maps(routes: list[dict[str, Any]], upstreams: list[dict[str, Any]],

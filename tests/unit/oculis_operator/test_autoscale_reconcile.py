@@ -64,7 +64,7 @@ def test_decision_is_ignored_without_spec_autoscaling() -> None:
 
 
 def test_router_config_marks_an_upstream_with_no_ready_replica_as_scaled_to_zero() -> None:
-    from oculis_operator.routeconfig import upstream_entry
+    from oculis_operator.upstream_entry import upstream_entry
 
     def obj(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         return {"metadata": {"name": "x", "namespace": "ns", "generation": 1}, "spec": spec, "status": status}

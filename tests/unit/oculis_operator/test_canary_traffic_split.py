@@ -11,7 +11,7 @@ from typing import Any
 from test_canary_reconcile import CHANGED, GOOD, SLOW, complete, stable_world
 
 from oculis import parse_config
-from oculis_operator import render, routeconfig
+from oculis_operator import render, routeconfig, router_configmap
 from oculis_operator.reconcile import reconcile
 from oculis_operator.reconcile_io import Observed
 
@@ -41,7 +41,7 @@ def rendered_canary(status: dict[str, Any], spec: dict[str, Any] = SPLIT) -> Any
              "spec": {"tiers": [{"name": "t", "upstream": "x"}]}}
     out = routeconfig.render_namespace([route], [upstream_obj(status, spec)])
     assert out.routes["r"].reason in ("Rendered", "UpstreamProgressing"), out.routes["r"]
-    return parse_config(out.data[routeconfig.CONFIG_KEY]).upstream("x").canary
+    return parse_config(out.data[router_configmap.CONFIG_KEY]).upstream("x").canary
 
 
 def test_the_stable_service_deployment_and_pdb_never_select_canary_pods() -> None:

@@ -14,7 +14,8 @@ from oculis.adapters import volume_name
 from oculis.router import RouterConfig
 from oculis.upstream import GPUUpstreamSpec
 from oculis_operator import drift, engine_args, render
-from oculis_operator.routeconfig import render_namespace, upstream_entry
+from oculis_operator.routeconfig import render_namespace
+from oculis_operator.upstream_entry import upstream_entry
 
 VLLM: dict[str, Any] = {"provider": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 2,
                         "gpu": {"product": "H100-80GB", "count": 1}}

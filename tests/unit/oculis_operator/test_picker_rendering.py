@@ -14,7 +14,7 @@ from oculis import crdgen
 from oculis.router import KV_EVENTS_PORT, RouterConfig
 from oculis.upstream import PICKER_EXTERNAL, GPUUpstreamSpec
 from oculis_operator import engine_args, render
-from oculis_operator.routeconfig import upstream_entry
+from oculis_operator.upstream_entry import upstream_entry
 
 VLLM: dict[str, Any] = {"provider": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct", "replicas": 3,
                         "gpu": {"product": "H100-80GB", "count": 1}}

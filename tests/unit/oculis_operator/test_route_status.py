@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from oculis.inferenceroute import InferenceRouteSpec
-from oculis_operator import routeconfig
+from oculis_operator import routeconfig, router_configmap
 
 
 def cond(type_: str, status: str, reason: str) -> dict[str, Any]:
@@ -94,7 +94,7 @@ def test_a_route_that_answers_by_escalation_while_a_tier_is_at_zero_is_ready() -
 
 def test_the_rendered_route_carries_only_set_fields() -> None:
     out = routeconfig.render_namespace([ir("a")], [gu("a", READY)])
-    doc = yaml.safe_load(out.data[routeconfig.CONFIG_KEY])
+    doc = yaml.safe_load(out.data[router_configmap.CONFIG_KEY])
 
     def nulls(node: Any, path: str = "") -> list[str]:
         if isinstance(node, dict):

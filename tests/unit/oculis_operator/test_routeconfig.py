@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 
 from oculis import parse_config
-from oculis_operator import routeconfig
+from oculis_operator import routeconfig, router_configmap
 
 
 def gu(name: str, provider: str = "vllm", ready: bool = True, **spec: Any) -> dict[str, Any]:
@@ -36,11 +36,11 @@ def test_renders_valid_config_with_revisions_and_secret_env() -> None:
         [ir("adaptive", "small", "gpt")],
         [gu("small"), gu("gpt", "openai", apiKeySecretRef={"name": "s"}, pricing={"inputPerMtok": 2.5})],
     )
-    cfg = parse_config(out.data[routeconfig.CONFIG_KEY])
+    cfg = parse_config(out.data[router_configmap.CONFIG_KEY])
     assert cfg.upstream("small").revision == "h-small"
     assert cfg.upstream("small").base_url == "http://small-vllm.ns.svc:8000/v1"
     assert cfg.upstream("gpt").api_key_env == "OCULIS_KEY_GPT" and cfg.upstream("gpt").pricing.input_per_mtok == 2.5
-    assert yaml.safe_load(out.data[routeconfig.SECRETS_KEY]) == [
+    assert yaml.safe_load(out.data[router_configmap.SECRETS_KEY]) == [
         {"env": "OCULIS_KEY_GPT", "secret": "s", "key": "api-key"}
     ]
     assert out.routes["adaptive"].ready and out.routes["adaptive"].tiers == "t0->small, t1->gpt"
@@ -51,7 +51,7 @@ def test_missing_and_unready_upstreams_are_reported() -> None:
     assert out.routes["b"].reason == "UpstreamNotFound" and "ghost" in out.routes["b"].message
     assert out.routes["a"].reason == "UpstreamNotReady" and not out.routes["a"].ready
     assert out.routes["a"].message == "rendered, but not Ready yet: small (ChangeRefused)"
-    assert [r.name for r in parse_config(out.data[routeconfig.CONFIG_KEY]).routes] == ["a"]
+    assert [r.name for r in parse_config(out.data[router_configmap.CONFIG_KEY]).routes] == ["a"]
 
 
 def test_timeouts_of_gpuupstreams_and_route_tiers_reach_the_router_config() -> None:
@@ -62,7 +62,7 @@ def test_timeouts_of_gpuupstreams_and_route_tiers_reach_the_router_config() -> N
     out = routeconfig.render_namespace(
         [route], [gu("small", timeouts={"connectSeconds": 2, "idleSeconds": 15}),
                   gu("gpt", "openai", timeouts={"firstByteSeconds": 90})])
-    cfg = parse_config(out.data[routeconfig.CONFIG_KEY])
+    cfg = parse_config(out.data[router_configmap.CONFIG_KEY])
     tiers = cfg.route("adaptive").tiers
     assert limits(cfg.upstream("small"), tiers[0].timeouts) == Limits(2.0, 120.0, 15.0)
     assert limits(cfg.upstream("gpt"), tiers[1].timeouts) == Limits(10.0, 600.0, 60.0)

@@ -16,7 +16,7 @@ from oculis import ConfigError, parse_config
 from oculis.crdgen import gpuupstream_crd, inferenceroute_crd
 from oculis.inferenceroute import SAME_NAMESPACE, InferenceRouteSpec
 from oculis.upstream import COMPATIBLE_NEEDS_URL, GPUUpstreamSpec
-from oculis_operator import routeconfig
+from oculis_operator import routeconfig, router_configmap
 
 
 def gu(name: str, provider: str = "vllm", **spec: Any) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def ir(name: str, *upstreams: str, config_map: str | None = None, **meta: Any) -
 
 
 def routes_in(out: routeconfig.Rendered) -> list[str]:
-    return [r.name for r in parse_config(out.data[routeconfig.CONFIG_KEY]).routes]
+    return [r.name for r in parse_config(out.data[router_configmap.CONFIG_KEY]).routes]
 
 
 def test_a_config_map_whose_routes_cannot_be_served_holds_the_empty_config(tmp_path: Path) -> None:
@@ -46,14 +46,14 @@ def test_a_config_map_whose_routes_cannot_be_served_holds_the_empty_config(tmp_p
     # not serve it (with one, the route keeps its last good block: the tests below).
     out = routeconfig.render_namespace([ir("solo", "gone")], [], previous=None)
     assert out.routes["solo"].reason == "UpstreamNotFound" and "left out" in out.routes["solo"].message
-    assert yaml.safe_load(out.data[routeconfig.CONFIG_KEY]) == routeconfig.EMPTY
+    assert yaml.safe_load(out.data[router_configmap.CONFIG_KEY]) == routeconfig.EMPTY
     assert out.owners == [{"apiVersion": "oculis.dev/v1alpha1", "kind": "InferenceRoute", "name": "solo",
                            "uid": "uid-solo"}]
     # The router itself loads that config, is ready, and answers 404 for the route that left it.
     from oculis_router.app import build_app
 
     path = tmp_path / "oculis-config.yaml"
-    path.write_text(out.data[routeconfig.CONFIG_KEY])
+    path.write_text(out.data[router_configmap.CONFIG_KEY])
     with TestClient(build_app(config_path=path, wait_for_config=True)) as client:
         assert client.get("/readyz").status_code == 200
         resp = client.post("/v1/chat/completions", json={"model": "solo", "messages": [{"role": "user",
@@ -67,7 +67,7 @@ def test_each_config_map_holds_only_the_routes_that_name_it() -> None:
         [gu("small"), gu("large")])
     assert sorted(outs) == ["oculis-router-config", "other-config"]
     assert routes_in(outs["oculis-router-config"]) == ["a"]
-    assert [u.name for u in parse_config(outs["oculis-router-config"].data[routeconfig.CONFIG_KEY]).upstreams] == [
+    assert [u.name for u in parse_config(outs["oculis-router-config"].data[router_configmap.CONFIG_KEY]).upstreams] == [
         "small"]
     assert routes_in(outs["other-config"]) == ["b", "c"]
     assert [o["name"] for o in outs["other-config"].owners] == ["b", "c"]
@@ -92,7 +92,7 @@ def test_a_broken_upstream_breaks_only_the_routes_that_use_it() -> None:
     assert not bad.ready and bad.reason == "InvalidUpstream"
     assert "GPUUpstream compat" in bad.message and "base_url" in bad.message and "left out" in bad.message
     assert routes_in(out) == ["r"]
-    assert [u.name for u in parse_config(out.data[routeconfig.CONFIG_KEY]).upstreams] == ["small"]
+    assert [u.name for u in parse_config(out.data[router_configmap.CONFIG_KEY]).upstreams] == ["small"]
 
 
 def test_a_route_the_router_would_refuse_costs_only_that_route() -> None:
@@ -143,8 +143,8 @@ def test_tier_upstreams_are_object_names_in_the_routes_namespace(upstream: str, 
 
 def live(out: routeconfig.Rendered, **meta: Any) -> dict[str, Any]:
     """The ConfigMap as the operator writes it (what the API server then returns)."""
-    return {"metadata": {"name": "oculis-router-config", "labels": dict(routeconfig.LABELS),
-                         "annotations": {routeconfig.HASH_ANNOTATION: out.digest},
+    return {"metadata": {"name": "oculis-router-config", "labels": dict(router_configmap.LABELS),
+                         "annotations": {router_configmap.HASH_ANNOTATION: out.digest},
                          "ownerReferences": out.owners, "resourceVersion": "7", **meta},
             "data": dict(out.data)}
 
@@ -154,7 +154,7 @@ def test_the_live_config_map_is_compared_whole_so_hand_edits_are_reverted() -> N
     assert routeconfig.config_map_drift(live(out), out) is None
     assert routeconfig.config_map_drift(None, out) == "missing"
     edited = live(out)
-    edited["data"][routeconfig.CONFIG_KEY] += "# hand edit\n"
+    edited["data"][router_configmap.CONFIG_KEY] += "# hand edit\n"
     assert routeconfig.config_map_drift(edited, out) == "edited by hand"
     # A ConfigMap written for older routes is out of date, not edited by hand.
     older = routeconfig.render_namespace([ir("a", "small"), ir("b", "small")], [gu("small")])
@@ -178,15 +178,15 @@ def test_a_route_whose_upstream_vanished_keeps_serving_its_last_good_config(tmp_
     assert [t["ready"] for t in verdict.tier_status] == [True, False]
     assert routes_in(out) == ["other", "r"]
     assert out.data == before.data
-    assert json.loads(out.data[routeconfig.SECRETS_KEY]) == [
+    assert json.loads(out.data[router_configmap.SECRETS_KEY]) == [
         {"env": "OCULIS_KEY_BIG", "secret": "openai-key", "key": "api-key"}]
     # The carried-over content is what is desired: rendering again over it writes nothing.
     again = routeconfig.render_namespace([ir("r", "small", "big"), ir("other", "small")], [gu("small")],
-                                         previous=routeconfig.written_data(live(out)))
+                                         previous=router_configmap.written_data(live(out)))
     assert again.data == out.data and routeconfig.config_map_drift(live(out), again) is None
     # The router loads it and serves the route.
     path = tmp_path / "oculis-config.yaml"
-    path.write_text(out.data[routeconfig.CONFIG_KEY])
+    path.write_text(out.data[router_configmap.CONFIG_KEY])
     assert "r" in [r.name for r in parse_config(path.read_text()).routes]
     # The upstream comes back: normal rendering, Ready again.
     back = routeconfig.render_namespace([ir("r", "small", "big"), ir("other", "small")], upstreams,
@@ -231,9 +231,9 @@ def test_only_a_vanished_upstream_keeps_a_route_in_the_router_config() -> None:
 
 def test_a_config_map_edited_by_hand_is_never_a_last_good_config() -> None:
     out = routeconfig.render_namespace([ir("r", "small")], [gu("small")])
-    assert routeconfig.written_data(live(out)) == out.data
+    assert router_configmap.written_data(live(out)) == out.data
     edited = live(out)
-    edited["data"][routeconfig.CONFIG_KEY] += "# hand edit\n"
-    assert routeconfig.written_data(edited) is None and routeconfig.written_data(None) is None
-    gone = routeconfig.render_namespace([ir("r", "small")], [], routeconfig.written_data(edited))
+    edited["data"][router_configmap.CONFIG_KEY] += "# hand edit\n"
+    assert router_configmap.written_data(edited) is None and router_configmap.written_data(None) is None
+    gone = routeconfig.render_namespace([ir("r", "small")], [], router_configmap.written_data(edited))
     assert routes_in(gone) == [] and "left out" in gone.routes["r"].message

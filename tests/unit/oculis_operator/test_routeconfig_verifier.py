@@ -9,7 +9,7 @@ from typing import Any
 
 from oculis import parse_config
 from oculis.inferenceroute import InferenceRouteSpec
-from oculis_operator import routeconfig
+from oculis_operator import route_upstreams, routeconfig, router_configmap
 
 READY = [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}]
 
@@ -39,11 +39,11 @@ def judge(**kw: Any) -> dict[str, Any]:
 
 
 def upstream_names(out: routeconfig.Rendered) -> list[str]:
-    return [u.name for u in parse_config(out.data[routeconfig.CONFIG_KEY]).upstreams]
+    return [u.name for u in parse_config(out.data[router_configmap.CONFIG_KEY]).upstreams]
 
 
 def routes_in(out: routeconfig.Rendered) -> list[str]:
-    return [r.name for r in parse_config(out.data[routeconfig.CONFIG_KEY]).routes]
+    return [r.name for r in parse_config(out.data[router_configmap.CONFIG_KEY]).routes]
 
 
 def test_a_verifier_upstream_is_rendered_with_the_tiers_upstreams_once() -> None:
@@ -54,18 +54,18 @@ def test_a_verifier_upstream_is_rendered_with_the_tiers_upstreams_once() -> None
     assert out.routes["graded"].ready and out.routes["graded"].reason == "Rendered"
     assert out.routes["self-graded"].ready
     # The router's own schema accepts the whole config: each verifier names a declared upstream.
-    config = parse_config(out.data[routeconfig.CONFIG_KEY])
+    config = parse_config(out.data[router_configmap.CONFIG_KEY])
     assert [r.name for r in config.routes] == ["graded", "self-graded"]
     assert upstream_names(out) == ["big", "judge", "small"]  # each once, the shared one too
     check = config.route("graded").escalation.on_answer
     assert check is not None and check.verifier is not None and check.verifier.upstream == "judge"
     assert config.upstream("judge").api_key_env == "OCULIS_KEY_JUDGE"
     # The router Deployment gets the verifier's key from its Secret, like a tier's.
-    assert json.loads(out.data[routeconfig.SECRETS_KEY]) == [
+    assert json.loads(out.data[router_configmap.SECRETS_KEY]) == [
         {"env": "OCULIS_KEY_JUDGE", "secret": "judge-key", "key": "api-key"}]
     # Tier status lists the tiers (the verifier is not one).
     assert [t["upstream"] for t in out.routes["graded"].tier_status] == ["small", "big"]
-    assert routeconfig.route_upstreams(
+    assert route_upstreams.route_upstreams(
         InferenceRouteSpec.model_validate(ir("g", "small", "big", verifier="big")["spec"])) == [
         "small", "big"]
 
@@ -100,15 +100,15 @@ def test_a_vanished_verifier_upstream_keeps_its_entry_in_the_last_good_config() 
     assert (verdict.ready, verdict.reason) == (False, "UpstreamNotFound")
     assert verdict.message.endswith(routeconfig.KEPT) and "judge" in verdict.message
     assert out.data == before.data and upstream_names(out) == ["judge", "small"]
-    assert json.loads(out.data[routeconfig.SECRETS_KEY])[0]["env"] == "OCULIS_KEY_JUDGE"
-    good = routeconfig.last_good(before.data, "graded")
+    assert json.loads(out.data[router_configmap.SECRETS_KEY])[0]["env"] == "OCULIS_KEY_JUDGE"
+    good = router_configmap.last_good(before.data, "graded")
     assert good is not None and sorted(good.upstreams) == ["judge", "small"]
     # A tier's upstream vanishes instead: the present verifier is rendered as it is now.
     renamed = judge()
     renamed["spec"]["model"] = "model-judge-2"
     tier_gone = routeconfig.render_namespace(routes, [renamed], previous=before.data)
     assert tier_gone.routes["graded"].message.endswith(routeconfig.KEPT)
-    assert parse_config(tier_gone.data[routeconfig.CONFIG_KEY]).upstream("judge").model == "model-judge-2"
+    assert parse_config(tier_gone.data[router_configmap.CONFIG_KEY]).upstream("judge").model == "model-judge-2"
 
 
 def test_a_verifier_that_does_not_answer_leaves_the_route_served_and_says_so() -> None:

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from oculis import Route, SemanticTier, TierMatch, parse_config
 from oculis.inferenceroute import InferenceRouteSpec
-from oculis_operator import routeconfig
+from oculis_operator import routeconfig, router_configmap
 from oculis_router.classify import MEDIA_PART_TOKENS, Classification, ComplexityClassifier
 from oculis_router.decide import RouteScorer, choose_tier, modalities_of
 
@@ -131,5 +131,5 @@ def test_modalities_are_validated_and_rendered_into_the_router_config() -> None:
           "spec": {"provider": "vllm", "model": "m", "gpu": {"product": "H100-80GB", "count": 1}},
           "status": {"engineHash": "h", "conditions": [{"type": "Ready", "status": "True"}]}}
     out = routeconfig.render_namespace([{"metadata": {"name": "r", "namespace": "ns"}, "spec": spec}], [up])
-    cfg = parse_config(out.data[routeconfig.CONFIG_KEY])
+    cfg = parse_config(out.data[router_configmap.CONFIG_KEY])
     assert [t.modalities for t in cfg.route("r").tiers] == [None, ["text", "image"]]

@@ -13,7 +13,7 @@ import pytest
 from oculis import ConfigError, Pricing, parse_config
 from oculis.inferenceroute import InferenceRouteSpec
 from oculis.router import Budget, LimitMatch, LimitOverride, Limits, Route, ServerSettings
-from oculis_operator import routeconfig
+from oculis_operator import routeconfig, router_configmap
 from oculis_router import limits as L
 from oculis_router.limits_store import MemoryBackend
 from oculis_router.usage import Usage, cost_dollars
@@ -301,7 +301,7 @@ def test_an_inferenceroute_takes_limits_in_camel_case_and_the_operator_renders_t
           "status": {"engineHash": "h", "conditions": [{"type": "Ready", "status": "True"}]}}
     out = routeconfig.render_namespace([{"metadata": {"name": "adaptive", "namespace": "ns", "generation": 1},
                                          "spec": spec}], [gu])
-    cfg = parse_config(out.data[routeconfig.CONFIG_KEY])
+    cfg = parse_config(out.data[router_configmap.CONFIG_KEY])
     r = cfg.route("adaptive")
     assert r.limits == Limits(per="key", tokens_per_minute=2000, requests_per_minute=60)
     assert r.budget == Budget(dollars=25, period="month")

@@ -1,0 +1,102 @@
+"""A GPUUpstream as an entry of the router's config: its base URL (the Service, or the provider's),
+the stable alias it serves, revision, picker, adapters, canary share, cold state and, for an
+external provider, the environment variable its API key comes in. Pure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from oculis.rollout import Canary
+from oculis_operator import render
+from oculis_operator.route_upstreams import SCALED_TO_ZERO, upstream_state
+
+
+def key_env(name: str) -> str:
+    return "OCULIS_KEY_" + name.upper().replace("-", "_")
+
+
+def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    meta, spec, status = obj["metadata"], obj.get("spec", {}), obj.get("status") or {}
+    name = meta["name"]
+    # A self-hosted upstream is asked for the stable alias its every replica serves (status.servedModel,
+    # its own name), so a spec.model change keeps answering while old and new pods overlap.
+    entry: dict[str, Any] = {"name": name, "provider": spec["provider"],
+                             "model": (spec["provider"] == "vllm" and status.get("servedModel")) or spec.get("model")}
+    if spec.get("pricing"):
+        entry["pricing"] = {
+            k: v
+            for k, v in {
+                "input_per_mtok": spec["pricing"].get("inputPerMtok"),
+                "output_per_mtok": spec["pricing"].get("outputPerMtok"),
+                "cached_input_per_mtok": spec["pricing"].get("cachedInputPerMtok"),
+                "cache_write_per_mtok": spec["pricing"].get("cacheWritePerMtok"),
+            }.items()
+            if v is not None
+        }
+    if spec.get("timeouts"):
+        entry["timeouts"] = {
+            k: v
+            for k, v in {
+                "connect_seconds": spec["timeouts"].get("connectSeconds"),
+                "first_byte_seconds": spec["timeouts"].get("firstByteSeconds"),
+                "idle_seconds": spec["timeouts"].get("idleSeconds"),
+            }.items()
+            if v is not None
+        }
+    secret = None
+    if spec["provider"] == "vllm":
+        entry["base_url"] = render.endpoint(name, meta["namespace"])
+        entry["revision"] = status.get("engineHash") or "pending"
+        if picker := (spec.get("routing") or {}).get("picker"):
+            entry["picker"] = picker
+        if adapters := spec.get("adapters"):  # a tier naming another adapter is refused (InvalidRouterConfig)
+            entry["adapters"] = [a["name"] for a in adapters]
+        if (share := canary_share(obj)) is not None:
+            entry["canary"] = {"base_url": render.canary_endpoint(name, meta["namespace"]), "percent": share}
+        # The router must know, to apply the route's coldStart instead of a doomed connection attempt:
+        # scaled to zero, or autoscaled and waking (replicas asked for, none ready yet).
+        waking = bool(spec.get("autoscaling")) and not (status.get("readyReplicas") or 0)
+        if upstream_state(obj) == SCALED_TO_ZERO or waking:
+            entry["scaled_to_zero"] = True
+    else:
+        if spec.get("baseURL"):
+            entry["base_url"] = spec["baseURL"]
+        ref = spec.get("apiKeySecretRef")
+        if ref:
+            entry["api_key_env"] = key_env(name)
+            secret = {"env": key_env(name), "secret": ref["name"], "key": ref.get("key", "api-key")}
+        pc = spec.get("promptCache")
+        if pc:
+            entry["prompt_cache"] = {
+                k: v
+                for k, v in {
+                    "enabled": True,
+                    "min_prefix_tokens": pc.get("minPrefixTokens"),
+                    "breakpoints": pc.get("breakpoints"),
+                    "ttl": pc.get("ttl"),
+                }.items()
+                if v is not None
+            }
+        entry["revision"] = str(meta.get("generation", 1))
+    return entry, secret
+
+
+def canary_share(obj: dict[str, Any]) -> int | None:
+    """spec.rollout.canary.trafficPercent while this upstream's canary is analysed with its replicas up
+    (status.canary of the current generation and desired engine hash, phase Analyzing, startedAt set:
+    the reconcile sets it once the canary Deployment is complete); else None. A canary that is waiting
+    for GPUs, starting, promoted, rolled back or left over from an earlier spec takes no traffic."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    c = status.get("canary") or {}
+    rollout = spec.get("rollout") or {}
+    if (rollout.get("strategy") != "Canary" or c.get("phase") != "Analyzing" or not c.get("startedAt")
+            or c.get("generation") != status.get("observedGeneration")
+            or c.get("engineHash") != status.get("desiredEngineHash")):
+        return None
+    try:
+        return Canary.model_validate(rollout.get("canary") or {}).traffic_percent
+    except ValidationError:
+        return None  # the upstream's own status says its spec is invalid
