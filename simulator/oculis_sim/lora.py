@@ -39,7 +39,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
-from oculis_sim import FINGERPRINT
+from oculis_sim import FINGERPRINT, lora_flags
 from oculis_sim.api_request import ApiError, json_error, media_type_error, schema_errors
 from oculis_sim.config import SimConfigError
 
@@ -223,16 +223,10 @@ def from_args(ignored: list[str], base: str, env: Mapping[str, str] | None = Non
     p.add_argument("--max-lora-rank", type=int, default=16)
     p.add_argument("--lora-modules", nargs="+", default=[])
     args, rest = p.parse_known_args(ignored)
+    lora_flags.check(args.enable_lora, args.lora_modules, args.max_loras, args.max_lora_rank)
     if not args.enable_lora:
         return None, ignored
-    modules: dict[str, str] = {}
-    for m in args.lora_modules:
-        if m.lstrip().startswith("{"):  # vLLM also takes JSON {"name", "path", "base_model_name"}
-            d = json.loads(m)
-            modules[d["name"]] = d["path"]
-        else:
-            name, _, path = m.partition("=")
-            modules[name] = path
+    modules = lora_flags.lora_modules(args.lora_modules)
     env = os.environ if env is None else env
     adapters = Adapters(base, max(1, args.max_loras), args.max_lora_rank, modules,
                         runtime_updating=_true(env, RUNTIME_ENV),
