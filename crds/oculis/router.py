@@ -102,6 +102,20 @@ class Endpoint(Model):
     kv_events: str | None = Field(None, min_length=1, description="Its vLLM KV-event ZMQ publisher "
                                   "(--kv-events-config endpoint as seen from the router, e.g. tcp://10.0.0.7:5557)")
 
+    @field_validator("kv_events")
+    @classmethod
+    def _zmq_address(cls, value: str | None) -> str | None:
+        if value is not None and (problem := _zmq_problem(value)):
+            raise ValueError(f"kv_events: {problem}")
+        return value
+
+
+def _zmq_problem(value: Any) -> str | None:
+    # Without its transport ZMQ refuses the address in the subscriber's task, which then reads as a silent engine.
+    if isinstance(value, str) and value.partition("://")[0] not in ("tcp", "ipc"):
+        return f"{value!r} is not a ZMQ address; give the engine's publisher with its transport, e.g. tcp://10.0.0.7:5557"
+    return None
+
 
 def _http_url(value: str) -> bool:
     head, sep, rest = value.partition("://")
@@ -162,6 +176,18 @@ class Upstream(Model):
             if isinstance(url, str) and not _http_url(url):
                 raise ValueError(f"endpoints[{i}]: {url!r} is not an http(s) URL; give the replica's base URL, "
                                  "e.g. http://10.0.0.7:8000/v1")
+            if isinstance(e, dict) and (problem := _zmq_problem(e.get("kv_events"))):
+                raise ValueError(f"endpoints[{i}].kv_events: {problem}")
+        return value
+
+    @field_validator("adapters", mode="before")
+    @classmethod
+    def _adapter_names(cls, value: Any) -> Any:
+        # A GPUUpstream's adapters are objects ({name, source, rank}); the router config lists only their names.
+        for i, a in enumerate(value if isinstance(value, list) else []):
+            if isinstance(a, dict):
+                raise ValueError(f"adapters[{i}]: {a!r} is an object; the router config lists adapter names (the "
+                                 f"model names requests use), e.g. adapters: [{a.get('name') or 'sql'}]")
         return value
 
     @property
@@ -183,6 +209,13 @@ class Upstream(Model):
         if self.tokenizer is not None and not self.tokenizer.startswith("/"):
             raise ValueError(f"upstream {self.name!r}: tokenizer {self.tokenizer!r} is not an absolute path; give "
                              "the model's directory as the router sees it, e.g. /models/llama-8b")
+        if self.adapters and self.provider in EXTERNAL_PROVIDERS:
+            raise ValueError(f"upstream {self.name!r}: adapters are LoRA adapters a self-hosted engine serves; "
+                             f"provider {self.provider} has none (the name would reach it as a model), remove adapters")
+        twice = sorted({a for a in self.adapters or [] if (self.adapters or []).count(a) > 1})
+        if twice:
+            raise ValueError(f"upstream {self.name!r}: adapters lists {', '.join(map(repr, twice))} more than once; "
+                             "list each adapter once")
         if self.endpoints and self.provider in EXTERNAL_PROVIDERS:
             raise ValueError(f"upstream {self.name!r}: endpoints list replicas of a self-hosted model; provider "
                              f"{self.provider} has none, remove endpoints")
