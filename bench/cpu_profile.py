@@ -130,19 +130,41 @@ def fit(recorded: dict[str, Any], engine: str = "roomy") -> steptime.FittedSteps
     return best[1] if best else dataclasses.replace(base, join_s=float(new))
 
 
+def recording_problem(recorded: Any, engine: str) -> str | None:
+    """Why `fit` cannot read this engine session from the file (a KeyError deep in the fit otherwise), or None."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("runs"), dict) or "recorded" not in recorded:
+        return "not a CPU recording (no runs by name); record one with `bench/sim_validation.py --record-cpu`"
+    engines = recorded.get("engines", cpu_engine.ENGINES)
+    tag = "" if engine == "roomy" else f".{engine}"
+    if engine not in engines or not any(f"decode{b}{tag}" in recorded["runs"] for b in cpu_engine.DECODE_BATCHES):
+        return f"--engine {engine!r}: no calibration runs of it; use one of {', '.join(sorted(engines))}"
+    return None
+
+
 def save(p: steptime.FittedSteps, path: Path) -> None:
     path.write_text(json.dumps(dataclasses.asdict(p), indent=1) + "\n")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("recording", type=Path, help="a recording written by `bench/sim_validation.py --record-cpu`")
     ap.add_argument("--engine", default="roomy", help="which engine session of the recording (default roomy)")
     ap.add_argument("-o", "--output", type=Path, help="write the profile here (default: print it)")
-    args = ap.parse_args()
-    prof = fit(json.loads(args.recording.read_text()), args.engine)
+    args = ap.parse_args(argv)
+    try:
+        recorded = json.loads(args.recording.read_text())
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+        why = exc.strerror if isinstance(exc, OSError) else f"not a JSON recording ({exc})"
+        ap.error(f"recording {args.recording}: {why}; give the file "
+                 "`bench/sim_validation.py --record-cpu` wrote, e.g. bench/data/vllm_cpu_runs.json")
+    if problem := recording_problem(recorded, args.engine):
+        ap.error(f"recording {args.recording}: {problem}")
+    prof = fit(recorded, args.engine)
     if args.output:
-        save(prof, args.output)
+        try:
+            save(prof, args.output)
+        except OSError as exc:
+            ap.error(f"--output {args.output}: {exc.strerror}; give a writable file path")
     else:
         print(json.dumps(dataclasses.asdict(prof), indent=1))
     return 0
