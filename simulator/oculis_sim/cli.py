@@ -135,9 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--lora-adapters", type=int, default=0, metavar="N",
                    help="each request asks for one of N LoRA adapters, every engine serving them all (default 0: "
                    "the base model)")
-    f.add_argument("--lora-skew", type=float, default=0.0, metavar="S",
+    f.add_argument("--lora-skew", type=float, metavar="S",
                    help="adapter k drawn with weight 1/k^S (default 0: uniformly)")
-    f.add_argument("--max-loras", type=int, default=1, metavar="M", help="LoRA slots per engine (vLLM's, default 1)")
+    f.add_argument("--max-loras", type=int, metavar="M", help="LoRA slots per engine (vLLM's, default 1)")
     f.add_argument("--lora-blind", action="store_true",
                    help="the picker ignores the engines' LoRA slots (keeps only to replicas listing the adapter)")
     f.add_argument("-o", "--output", choices=["text", "json"], default="text")

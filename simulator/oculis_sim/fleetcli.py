@@ -49,17 +49,28 @@ def run_fleet(args: argparse.Namespace, settings_from: Callable[[argparse.Namesp
         raise config.SimConfigError(f"--scrape-interval {args.scrape_interval}: must be a positive number of seconds")
     if args.lora_adapters < 0:
         raise config.SimConfigError(f"--lora-adapters {args.lora_adapters}: must be 0 (the base model) or more")
-    if args.max_loras < 1:
-        raise config.SimConfigError(f"--max-loras {args.max_loras}: must be at least 1 (vLLM's default)")
+    given = (("--lora-skew", args.lora_skew is not None), ("--max-loras", args.max_loras is not None),
+             ("--lora-blind", args.lora_blind))
+    lora_only = [flag for flag, on in given if on]
+    if lora_only and not args.lora_adapters:  # they would change nothing: say so rather than print base-model figures
+        raise config.SimConfigError(f"{', '.join(lora_only)}: only apply with LoRA adapters and --lora-adapters is 0; "
+                                    "add --lora-adapters N (requests then ask for one of N adapters)")
+    max_loras = 1 if args.max_loras is None else args.max_loras
+    skew = 0.0 if args.lora_skew is None else args.lora_skew
+    if max_loras < 1:
+        raise config.SimConfigError(f"--max-loras {max_loras}: must be at least 1 (vLLM's default)")
+    if not skew >= 0:
+        raise config.SimConfigError(f"--lora-skew {skew:g}: must be 0 (adapters drawn uniformly) or more (1: "
+                                    "Zipf-like; 3: the first adapter takes most requests)")
     s = settings_from(args)
     wl = load_workload(args.workload)
     lora = None
     if args.lora_adapters:
         from oculis_sim.fleetlora import draw
 
-        lora = draw(len(wl), args.lora_adapters, args.lora_skew, args.seed)
+        lora = draw(len(wl), args.lora_adapters, skew, args.seed)
     results = [fleet.run(s, wl, args.replicas, name, scrape_interval=args.scrape_interval, seed=args.seed,
-                         adapters=lora, max_loras=args.max_loras, lora_affinity=not args.lora_blind)
+                         adapters=lora, max_loras=max_loras, lora_affinity=not args.lora_blind)
                for name in names]
     rows = [r.summary for r in results]
     where = (f"{s.model_name} on {s.gpu.key} x{s.tp}, {args.replicas} replicas of {s.kv_cache_tokens:,} KV tokens, "
