@@ -64,7 +64,7 @@ def main() -> int:
     for name in ("least-loaded", "prefix"):
         blind, aff = by[f"{name} blind"], by[f"{name} lora"]
         ratio = blind["ttft_ms"]["p90"] / max(aff["ttft_ms"]["p90"], 1e-9)
-        print(f"  {name}: affinity TTFT p90 {ratio:.2f}x blind's, adapter loads {aff['lora']['adapter_loads']} vs "
+        print(f"  {name}: TTFT p90 blind / affinity {ratio:.2f}x, adapter loads {aff['lora']['adapter_loads']} vs "
               f"{blind['lora']['adapter_loads']}, slot waits {aff['lora']['slot_waits']} vs "
               f"{blind['lora']['slot_waits']}, output tok/s "
               f"{aff['output_tokens_per_s'] / blind['output_tokens_per_s'] - 1:+.1%}")
