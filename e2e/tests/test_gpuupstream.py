@@ -89,7 +89,7 @@ def test_create_renders_vllm_on_the_right_gpus_and_becomes_ready(world: World, b
                            capture_output=True, text=True, check=True).stdout
     assert table.split("\n")[0].split() == ["NAME", "PROVIDER", "MODEL", "GPU", "REPLICAS", "DESIRED",
                                             "READY-REPLICAS", "READY", "REASON", "KV-TOKENS", "OBSERVED-KV",
-                                            "MAX-CONC", "CANARY", "AGE"]
+                                            "MAX-CONC", "CANARY", "ADAPTERS", "AGE"]
     assert "H100-80GB x1" in table and "AllReplicasReady" in table
 
 
