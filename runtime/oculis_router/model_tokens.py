@@ -251,6 +251,10 @@ def load(path: str) -> ModelTokens:
             raise ValueError(f"{cfg_file} is not JSON ({exc})") from None
         config = loaded if isinstance(loaded, dict) else {}
     source = _chat_template(where, config)
+    if source is None:  # chats then hash as text, which never matches a real engine's KV events: say so once
+        log.warning("tokenizer %s has no chat template (chat_template.jinja or tokenizer_config.json's "
+                    "chat_template): chat requests are hashed as text, so kv-events cannot match a real engine "
+                    "on them; put the engine's --chat-template file beside it as chat_template.jinja", path)
     template = None
     if source is not None:
         try:
