@@ -386,4 +386,9 @@ def describe(runtime: Runtime) -> list[dict[str, Any]]:
     # each adapter as a client names it (oculis_router.adapters): <upstream>/<adapter>, its parent the upstream
     out += [{"id": f"{u.name}/{a}", "object": "model", "owned_by": u.provider, "kind": "adapter", "parent": u.name}
             for u in runtime.upstreams.values() for a in u.adapters or []]
+    from oculis_router.adapters import route_adapters  # it imports this module
+
+    # <route>/<adapter> is served too (the route's tiers whose upstream has it), so GET /v1/models/{id} finds it
+    out += [{"id": f"{r}/{a}", "object": "model", "owned_by": "oculis", "kind": "adapter", "parent": r}
+            for r, rr in runtime.routes.items() for a in route_adapters(runtime, rr)]
     return out
