@@ -65,6 +65,12 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     got = window_inputs(args, "cost report")
     if isinstance(got, int):
         return got
+    known = [u.name for u in got.catalog.config.upstreams]
+    for name, price in gpu_flags.items():  # a typo would otherwise bill a made-up upstream as an (idle) row
+        if name not in known:
+            print(f"oculis cost report: --gpu '{name}={price.dollars_per_gpu_hour:g}x{price.gpus}': no upstream "
+                  f"{name!r} in {got.catalog.source}; name one of {', '.join(known) or '(none)'}", file=sys.stderr)
+            return EXIT_USAGE
     hours = (got.t1 - got.t0).total_seconds() / 3600
     gpu = got.catalog.gpu | gpu_flags
     cells = cost_core.cells(got.counters, got.catalog.pricing, gpu, hours)
