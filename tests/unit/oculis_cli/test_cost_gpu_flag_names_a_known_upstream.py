@@ -25,7 +25,7 @@ def run(monkeypatch: pytest.MonkeyPatch, gpu: list[str]) -> tuple[int, str]:
     got = WindowInputs(datetime(2026, 12, 2, 3, 0, tzinfo=UTC), datetime(2026, 12, 2, 4, 0, tzinfo=UTC),
                        Catalog(parse_config(CONFIG, "c.yaml"), source="c.yaml"), Counters(), None)
     monkeypatch.setattr(cost, "window_inputs", lambda args, name: got)
-    args: Any = argparse.Namespace(group_by="route,tier", gpu=gpu, output="json")
+    args: Any = argparse.Namespace(group_by="route,tier", gpu=gpu, output="json", config="c.yaml")
     out = io.StringIO()
     return cost.run(args, out), out.getvalue()
 
