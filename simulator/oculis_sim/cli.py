@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from oculis.adapters import VLLM_LORA_RANKS
 from oculis_cli.inputs import InputError, port_number
 from oculis_cli.serve import bind_problem
 from oculis_sim import config, vllm_flags
@@ -116,6 +117,16 @@ def settings_from(args: argparse.Namespace) -> config.Settings:
         prompt_tokens_details=args.enable_prompt_tokens_details, step_profile=args.step_profile)
 
 
+# Read from the rest of the argv as vLLM reads them (oculis_sim.lora), so listed here rather than as flags.
+SERVE_EPILOG = f"""LoRA adapters (vLLM 0.32's flags):
+  --enable-lora                 serve adapters beside the base model
+  --max-loras M                 adapters one batch can use (default 1); others wait for a slot
+  --max-lora-rank R             one of {", ".join(map(str, VLLM_LORA_RANKS))} (default 16)
+  --lora-modules NAME=PATH ...  static adapters (or JSON {{"name", "path"}}); PATH holds adapter_config.json
+  VLLM_ALLOW_RUNTIME_LORA_UPDATING=True  enables /v1/load_lora_adapter and /v1/unload_lora_adapter
+Other `vllm serve` flags: those it does not model are ignored with one warning, ones vLLM 0.32 lacks refused."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="oculis sim", description="GPU-free simulator of a vLLM V1 engine (simulated figures)")
     sub = parser.add_subparsers(dest="sim_command", required=True, metavar="COMMAND", parser_class=_Parser)
@@ -141,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--lora-blind", action="store_true",
                    help="the picker ignores the engines' LoRA slots (keeps only to replicas listing the adapter)")
     f.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    s = sub.add_parser("serve", help="an OpenAI-compatible server backed by the simulated engine")
+    s = sub.add_parser("serve", help="an OpenAI-compatible server backed by the simulated engine",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SERVE_EPILOG)
     add_engine_flags(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=port_number, default=8000)
