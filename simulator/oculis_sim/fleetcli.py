@@ -76,7 +76,8 @@ def run_fleet(args: argparse.Namespace, settings_from: Callable[[argparse.Namesp
     where = (f"{s.model_name} on {s.gpu.key} x{s.tp}, {args.replicas} replicas of {s.kv_cache_tokens:,} KV tokens, "
              f"max_num_seqs {s.max_num_seqs}")
     if args.output == "json":
-        print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
+        marked = [{"simulated": True, **r} for r in rows]  # the figures say what they are wherever they go
+        print(json.dumps(marked[0] if len(marked) == 1 else marked, indent=2))
         print(f"oculis sim fleet: simulated figures (oculis-simulator), not measurements; {where}", file=sys.stderr)
     else:
         print(f"SIMULATED (oculis-simulator, not measured): {where}; workload {args.workload} "

@@ -38,3 +38,12 @@ def test_lora_defaults_still_apply_when_only_adapters_are_given(capsys: pytest.C
     lo = json.loads(capsys.readouterr().out)["lora"]
     assert lo["max_loras"] == 1 and lo["affinity"] is True
     assert main(fleet(tmp_path)) == 0  # no LoRA flag at all: the base model, as before
+
+
+def test_fleet_json_says_it_is_simulated(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`sim fleet -o json` carried no `simulated` marker (only a stderr line), unlike `sim replay -o json`."""
+    assert main(fleet(tmp_path, "-o", "json")) == 0
+    assert json.loads(capsys.readouterr().out)["simulated"] is True
+    assert main([*fleet(tmp_path, "-o", "json")[:-6], "--picker", "random,prefix", "--workload",
+                 str(tmp_path / "w.yaml"), "-o", "json"]) == 0
+    assert [r["simulated"] for r in json.loads(capsys.readouterr().out)] == [True, True]
