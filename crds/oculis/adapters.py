@@ -55,7 +55,8 @@ class AdapterSource(Model):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> AdapterSource:
-        given = [k for k in ("hugging_face", "path", "pvc", "config_map") if getattr(self, k) is not None]
+        fields = {"hugging_face": "huggingFace", "path": "path", "pvc": "pvc", "config_map": "configMap"}
+        given = [spelled for k, spelled in fields.items() if getattr(self, k) is not None]  # as the user wrote them
         if len(given) != 1:
             raise ValueError(f"source: give exactly one of huggingFace, path, pvc or configMap (got "
                              f"{', '.join(given) or 'none'})")

@@ -40,7 +40,7 @@ def test_sources_are_a_tagged_union_rendered_as_module_paths() -> None:
 
 
 def test_a_source_names_exactly_one_place() -> None:
-    assert "exactly one of huggingFace, path, pvc or configMap (got hugging_face, path)" in refusal(spec(
+    assert "exactly one of huggingFace, path, pvc or configMap (got huggingFace, path)" in refusal(spec(
         adapters=[{"name": "a", "source": {"huggingFace": "o/a", "path": "/a"}}]))
     with pytest.raises(ValidationError, match="got none"):
         Adapter.model_validate({"name": "a", "source": {}})

@@ -49,3 +49,12 @@ def test_what_the_rules_leave_alone_still_loads() -> None:
         Endpoint(url="http://127.0.0.1:8000/v1", kv_events="localhost:5557")  # the Python API checks it too
     with pytest.raises(ValueError, match="remove adapters"):
         Upstream(name="gpt", provider="openai", model="gpt-4o", adapters=["sql"])
+
+
+def test_an_adapter_source_naming_two_places_names_them_as_written() -> None:
+    """`source: {path: /a, huggingFace: org/x}` said "(got hugging_face, path)": the Python field name."""
+    from oculis.adapters import AdapterSource
+
+    with pytest.raises(ValueError, match=r"give exactly one of huggingFace, path, pvc or configMap \(got "
+                                         r"huggingFace, path\)"):
+        AdapterSource.model_validate({"path": "/a", "huggingFace": "org/x"})
