@@ -38,6 +38,13 @@ class Routing(Model):
     picker: PickerName | None = Field(None, description="random, round-robin, least-loaded, prefix (approximate "
                                       "prefix-cache affinity, sticky until saturated) or kv-events (the engines' "
                                       f"own KV-cache events; renders --kv-events-config); default {DEFAULT_PICKER}")
+    tokenizer: str | None = Field(None, min_length=1, max_length=4096, description="The model's tokenizer as an "
+                                  "absolute path inside the router pod (its directory with tokenizer.json and "
+                                  "tokenizer_config.json, or the tokenizer.json; mount it with the chart's "
+                                  "router.extraVolumes/extraVolumeMounts): the prefix pickers then hash the model's "
+                                  "own token ids, so kv-events matches a real vLLM engine's KV events. The operator "
+                                  "cannot see the router's files: a path missing there is refused by the router's "
+                                  "reload, which keeps its last good config")
 
 
 class SecretKeyRef(Model):
@@ -165,6 +172,11 @@ class GPUUpstreamSpec(Model):
             raise ValueError(BOTH_MODEL_CONFIGS)
         if self.routing is not None and self.routing.picker is not None and not self.self_hosted:
             raise ValueError(PICKER_EXTERNAL)
+        if self.routing is not None and self.routing.tokenizer is not None:
+            if not self.self_hosted:
+                raise ValueError(TOKENIZER_EXTERNAL)
+            if not self.routing.tokenizer.startswith("/"):
+                raise ValueError(f"{TOKENIZER_RELATIVE} (got {self.routing.tokenizer!r})")
         if self.adapters and not self.self_hosted:
             raise ValueError("spec.adapters apply only to provider vllm (the engine loads them); remove them")
         if self.adapters and (why := adapter_problem(self.adapters, e.max_lora_rank if e else None)):
@@ -180,6 +192,10 @@ COMPATIBLE_NEEDS_URL = ("spec.baseURL is required when provider is openai-compat
                         "default): set baseURL: http://host:8000/v1")
 PICKER_EXTERNAL = ("spec.routing.picker applies only to provider vllm (the router picks among its pods); an "
                    "external provider has no replicas to pick from: remove spec.routing.picker")
+TOKENIZER_EXTERNAL = ("spec.routing.tokenizer applies only to provider vllm (the router hashes the prompt to pick "
+                      "among its pods); an external provider has none: remove spec.routing.tokenizer")
+TOKENIZER_RELATIVE = ("spec.routing.tokenizer must be an absolute path inside the router pod, e.g. "
+                      "/tokenizers/llama-8b (mounted with the chart's router.extraVolumeMounts)")
 SWAP_MESSAGE = (
     "engine.preemptionMode: swap is not supported: vLLM V1 always preempts by recompute (swap was removed "
     "with the V0 engine); set preemptionMode: recompute or leave it unset"
@@ -204,6 +220,10 @@ CEL_RULES: list[dict[str, str]] = [
      "fieldPath": ".modelConfigFrom"},
     {"rule": "self.provider == 'vllm' || !has(self.routing) || !has(self.routing.picker)",
      "message": PICKER_EXTERNAL, "fieldPath": ".routing.picker"},
+    {"rule": "self.provider == 'vllm' || !has(self.routing) || !has(self.routing.tokenizer)",
+     "message": TOKENIZER_EXTERNAL, "fieldPath": ".routing.tokenizer"},
+    {"rule": "!has(self.routing) || !has(self.routing.tokenizer) || self.routing.tokenizer.startsWith('/')",
+     "message": TOKENIZER_RELATIVE, "fieldPath": ".routing.tokenizer"},
     {"rule": "!has(self.rollout) || !has(self.rollout.maxSurge) || !has(self.rollout.maxUnavailable) "
              "|| self.rollout.maxSurge > 0 || self.rollout.maxUnavailable > 0",
      "message": ROLLOUT_STUCK, "fieldPath": ".rollout"},

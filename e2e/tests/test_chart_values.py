@@ -125,3 +125,51 @@ def test_router_replicas_share_redis_from_a_secret_or_a_url(helm_bin: Path) -> N
     assert both.returncode != 0 and "router.redis: set url or urlFrom.secret, not both" in both.stderr
     scheme = helm(helm_bin, "template", "r", str(CHART), "--set", "router.redis.url=http://r:6379")
     assert scheme.returncode != 0 and "/router/redis/url'" in scheme.stderr
+
+
+def test_extra_volumes_reach_the_router_read_only_and_mismatches_are_refused(helm_bin: Path, tmp_path: Path) -> None:
+    """A GPUUpstream's spec.routing.tokenizer is a path inside the router pod: router.extraVolumes and
+    router.extraVolumeMounts put the model's tokenizer files there (a ConfigMap, a PVC), read-only, while
+    the router stays non-root on a read-only root filesystem."""
+    values = tmp_path / "v.yaml"
+    values.write_text(yaml.safe_dump({"router": {
+        "extraVolumes": [{"name": "llama-tok", "configMap": {"name": "llama-8b-tokenizer"}},
+                         {"name": "qwen-tok", "persistentVolumeClaim": {"claimName": "tokenizers"}}],
+        "extraVolumeMounts": [{"name": "llama-tok", "mountPath": "/tokenizers/llama-8b"},
+                              {"name": "qwen-tok", "mountPath": "/tokenizers/qwen", "subPath": "qwen2",
+                               "readOnly": True}]}}))
+    out = helm(helm_bin, "template", "oculis", str(CHART), "-f", str(values))
+    assert out.returncode == 0, out.stderr
+    router = next(d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Deployment"
+                  and d["metadata"]["name"] == "oculis-router")
+    pod = router["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["volumeMounts"] == [
+        {"name": "config", "mountPath": "/etc/oculis", "readOnly": True},
+        {"name": "llama-tok", "mountPath": "/tokenizers/llama-8b", "readOnly": True},
+        {"name": "qwen-tok", "mountPath": "/tokenizers/qwen", "subPath": "qwen2", "readOnly": True}]
+    assert pod["volumes"][1:] == [{"name": "llama-tok", "configMap": {"name": "llama-8b-tokenizer"}},
+                                  {"name": "qwen-tok", "persistentVolumeClaim": {"claimName": "tokenizers"}}]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True and pod["securityContext"]["runAsNonRoot"]
+    lint = helm(helm_bin, "lint", "--strict", str(CHART), "-f", str(values))
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    default = next(d for d in rendered(helm_bin)
+                   if d["kind"] == "Deployment" and d["metadata"]["name"] == "oculis-router")
+    assert [v["name"] for v in default["spec"]["template"]["spec"]["volumes"]] == ["config"]
+
+    def refused(*sets: str) -> str:
+        out = helm(helm_bin, "template", "r", str(CHART), *(a for s in sets for a in ("--set", s)))
+        assert out.returncode != 0, out.stdout
+        return out.stderr
+
+    mount = "router.extraVolumeMounts[0].name=tok"
+    assert ('router.extraVolumeMounts[0]: volume "tok" is not in router.extraVolumes; add it there'
+            in refused(mount, "router.extraVolumeMounts[0].mountPath=/tokenizers/x"))
+    vol = "router.extraVolumes[0].name=tok"
+    assert "/router/extraVolumeMounts/0/readOnly': value must be true" in refused(
+        vol, mount, "router.extraVolumeMounts[0].mountPath=/t", "router.extraVolumeMounts[0].readOnly=false")
+    assert "/router/extraVolumeMounts/0/mountPath': 'tokenizers' does not match pattern" in refused(
+        vol, mount, "router.extraVolumeMounts[0].mountPath=tokenizers")
+    assert "/router/extraVolumeMounts/0/mountPath'" in refused(  # the chart's own mount
+        vol, mount, "router.extraVolumeMounts[0].mountPath=/etc/oculis")
+    assert "/router/extraVolumes/0/name'" in refused("router.extraVolumes[0].name=config")  # the chart's own volume

@@ -1,5 +1,5 @@
 """A GPUUpstream as an entry of the router's config: its base URL (the Service, or the provider's),
-the stable alias it serves, revision, picker, adapters, canary share, cold state and, for an
+the stable alias it serves, revision, picker and tokenizer, adapters, canary share, cold state and, for an
 external provider, the environment variable its API key comes in. Pure.
 """
 
@@ -50,8 +50,13 @@ def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] 
     if spec["provider"] == "vllm":
         entry["base_url"] = render.endpoint(name, meta["namespace"])
         entry["revision"] = status.get("engineHash") or "pending"
-        if picker := (spec.get("routing") or {}).get("picker"):
+        routing = spec.get("routing") or {}
+        if picker := routing.get("picker"):
             entry["picker"] = picker
+        # A path inside the router pod: not checked here (the operator cannot see the router's files); a
+        # missing one is refused by the router's reload, which keeps serving its last good config.
+        if tokenizer := routing.get("tokenizer"):
+            entry["tokenizer"] = tokenizer
         if adapters := spec.get("adapters"):  # a tier naming another adapter is refused (InvalidRouterConfig)
             entry["adapters"] = [a["name"] for a in adapters]
         if (share := canary_share(obj)) is not None:

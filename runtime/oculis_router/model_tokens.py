@@ -30,10 +30,16 @@ caller hashes text instead, and the engine gives the client its own error.
 
 Why here rather than the engine's `/tokenize` per request: one more HTTP round trip to a busy engine's
 API server before every pick (measured in tests/realengine/test_router_kv_events_real.py's summary).
+
+Off the event loop: encoding a long prompt takes milliseconds (an 8,910-token chat ~7.8 ms), and
+`Tokenizer.encode` holds the GIL throughout, so running it in a thread alone would still stall the loop;
+`encode_batch` lets go of the GIL while the Rust code runs (same ids). `prompt_ids` runs a prompt over
+`OFF_LOOP_CHARS` that way in a worker thread and a shorter one inline (a thread hop costs ~65 us).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Sequence
@@ -49,6 +55,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 log = logging.getLogger("oculis.router")
+# Prompts longer than this (characters of text, ~500 tokens, ~0.5 ms to encode) are tokenized in a worker
+# thread; shorter ones inline, where the thread hop would cost more than it spares the loop.
+OFF_LOOP_CHARS = 2048
 
 
 def _raise_exception(message: str) -> None:
@@ -141,7 +150,17 @@ class ModelTokens:
     special: dict[str, str]
     developer_role: bool  # the template names the developer role (else vLLM makes it system)
 
-    def chat_ids(self, body: dict[str, Any]) -> list[int] | None:
+    def ids(self, body: dict[str, Any], chat: bool, release_gil: bool = False) -> list[int] | None:
+        """The prompt's ids: a chat's (chat_ids) or a completions prompt's (completion_ids). `release_gil`:
+        encode without holding the GIL (for a worker thread, so the event loop runs meanwhile)."""
+        return self.chat_ids(body, release_gil) if chat else self.completion_ids(body, release_gil)
+
+    def _encode(self, text: str, add_special_tokens: bool, release_gil: bool) -> list[int]:
+        if release_gil:  # encode_batch runs without the GIL (encode holds it); the same ids
+            return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def chat_ids(self, body: dict[str, Any], release_gil: bool = False) -> list[int] | None:
         """The token ids vLLM prefills for this chat request; None when it cannot be rendered here."""
         messages = body.get("messages")
         if self.template is None or not isinstance(messages, list):
@@ -159,9 +178,9 @@ class ModelTokens:
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError) as exc:
             log.debug("chat template of %s did not render this request (%s): hashing its text", self.path, exc)
             return None
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self._encode(text, False, release_gil)
 
-    def completion_ids(self, body: dict[str, Any]) -> list[int] | None:
+    def completion_ids(self, body: dict[str, Any], release_gil: bool = False) -> list[int] | None:
         """The token ids of a completions prompt: a string tokenized (special tokens added unless the request
         says not), token ids as given; the first of a batch."""
         prompt = body.get("prompt")
@@ -171,7 +190,7 @@ class ModelTokens:
             return list(prompt)
         if not isinstance(prompt, str):
             return None
-        return self.tokenizer.encode(prompt, add_special_tokens=body.get("add_special_tokens", True) is not False).ids
+        return self._encode(prompt, body.get("add_special_tokens", True) is not False, release_gil)
 
     def _message(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The message as vLLM hands it to the template: role and content, and only the other fields it
@@ -223,7 +242,39 @@ def _developer_as_system(conv: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"role": "system", "content": "\n\n".join(texts)}, *(m for m in conv if m["role"] != "system")]
 
 
+def prompt_chars(body: dict[str, Any]) -> int:
+    """The characters of text in a request's prompt (messages' contents, or the completions prompt): what
+    encoding it costs grows with."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(len(p) for p in prompt if isinstance(p, str))
+    total, messages = 0, body.get("messages")
+    for m in messages if isinstance(messages, list) else ():
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(t) for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str))
+    return total
+
+
+async def prompt_ids(tokens: ModelTokens, body: dict[str, Any], chat: bool) -> list[int] | None:
+    """`tokens.ids(body, chat)`, in a worker thread without the GIL when the prompt is over OFF_LOOP_CHARS,
+    so a long prompt does not hold up the router's other requests; the same ids either way."""
+    if prompt_chars(body) <= OFF_LOOP_CHARS:
+        return tokens.ids(body, chat)
+    return await asyncio.to_thread(tokens.ids, body, chat, True)
+
+
 _LOADED: dict[str, ModelTokens] = {}
+
+
+def files_read(path: str) -> tuple[Path, ...]:
+    """The paths whose change can change what `load(path)` finds (the path itself, a directory's files)."""
+    p = Path(path)
+    return (p, *(p / name for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")))
 
 
 def load(path: str) -> ModelTokens:

@@ -156,8 +156,17 @@ class Lease:
             self.pool.drop(r)
 
 
+@dataclass(frozen=True)
+class Tokenized:
+    """A prompt's model token ids, computed before the pick (`Fleet.tokenize`, off the event loop for a long
+    prompt); `ids` None: the chat template refused the request, so its text is hashed."""
+
+    ids: list[int] | None
+
+
 def pick_request(body: dict[str, Any], endpoint: str, block_size: int, hashed: bool = True,
-                 adapter: str | None = None, tokens: ModelTokens | None = None) -> PickRequest:
+                 adapter: str | None = None, tokens: ModelTokens | None = None,
+                 tokenized: Tokenized | None = None) -> PickRequest:
     """The request as the picker sees it: the token ids of its prompt, their chained block hashes (an
     adapter's apart from the base model's, as vLLM keeps them), its expected output and its LoRA adapter.
     With the upstream's `tokens` (its `tokenizer`) the ids are the model's own, chat template applied as
@@ -166,8 +175,8 @@ def pick_request(body: dict[str, Any], endpoint: str, block_size: int, hashed: b
     `hashed` (strategies that ignore prefixes) the prompt is only sized, at ~4 characters a token: hashing
     a 6,000-token prompt costs ~7 ms of the event loop, which only the prefix strategies repay."""
     chat = endpoint == "chat" or "messages" in body
-    if tokens is not None and hashed:
-        ids = tokens.chat_ids(body) if chat else tokens.completion_ids(body)
+    if (tokens is not None or tokenized is not None) and hashed:
+        ids = tokenized.ids if tokenized is not None else tokens.ids(body, chat) if tokens is not None else None
         if ids is not None:
             return PickRequest(block_hashes(ids, block_size, adapter_root(adapter)), len(ids),
                                _expected_output(body), adapter)
@@ -234,11 +243,12 @@ class Pool:
         return scraped or self.picker.index.block_size_seen or DEFAULT_BLOCK_SIZE
 
     def lease(self, body: dict[str, Any], endpoint: str, revision: str, tried: set[str],
-              adapter: str | None = None, tokenizer: ModelTokens | None = None) -> Lease | None:
+              adapter: str | None = None, tokenizer: ModelTokens | None = None,
+              tokenized: Tokenized | None = None) -> Lease | None:
         """A replica of `revision` for this attempt (not one this call already tried, while another is
         left), leased; None when the revision has no replica at all (then the base URL is called).
         `adapter`: only replicas that list it (AdapterMissing when none does). `tokenizer`: the
-        upstream's, when it names one."""
+        upstream's, when it names one; `tokenized`: the prompt's ids with it, computed beforehand."""
         members = self.members(revision)
         if not members:
             return None
@@ -252,7 +262,7 @@ class Pool:
         bs = self.block_size()
         if self.picker.block_size != bs:  # the engines' block size, once scraped (hashes follow it)
             self.picker.block_size = self.picker.index.block_size = bs
-        req = pick_request(body, endpoint, bs, self.strategy in PREFIX_STRATEGIES, adapter, tokenizer)
+        req = pick_request(body, endpoint, bs, self.strategy in PREFIX_STRATEGIES, adapter, tokenizer, tokenized)
         fresh = [r for r in members if r.id not in tried and not r.draining]
         cands = fresh or [r for r in members if not r.draining] or members
         states = [r.state(now, aside_ok=False) for r in cands]
@@ -309,13 +319,23 @@ class Fleet:
             if not self.pools[name].replicas:
                 del self.pools[name]
 
+    async def tokenize(self, up: Upstream, body: dict[str, Any], endpoint: str) -> Tokenized | None:
+        """The prompt's model token ids for `up`'s prefix picker, before any pick (a long prompt in a worker
+        thread: model_tokens.prompt_ids); None when there is nothing to compute (no replicas to pick, no
+        tokenizer, or a strategy that ignores prefixes)."""
+        pool = self.pool(up)
+        if pool is None or not up.tokenizer or pool.strategy not in PREFIX_STRATEGIES:
+            return None
+        tokens = model_tokens.load(up.tokenizer)  # loaded when the config was built (state.py): a lookup
+        return Tokenized(await model_tokens.prompt_ids(tokens, body, endpoint == "chat" or "messages" in body))
+
     def lease(self, up: Upstream, body: dict[str, Any], endpoint: str, revision: str,
-              tried: set[str]) -> Lease | None:
+              tried: set[str], tokenized: Tokenized | None = None) -> Lease | None:
         if tried and self.refresh is not None:
             self.refresh()
         pool = self.pool(up)
         if pool is None:
             return None
-        # loaded when the config was built (state.py), so this is a dict lookup
-        tokenizer = model_tokens.load(up.tokenizer) if up.tokenizer else None
-        return pool.lease(body, endpoint, revision, tried, adapter_of(up), tokenizer)
+        # loaded when the config was built (state.py), so this is a dict lookup; unused with `tokenized`
+        tokenizer = model_tokens.load(up.tokenizer) if up.tokenizer and tokenized is None else None
+        return pool.lease(body, endpoint, revision, tried, adapter_of(up), tokenizer, tokenized)

@@ -5,7 +5,8 @@ cache stores. Each request takes the snapshot in force when it starts and keeps 
 reload never drops or changes an in-flight request. A new file that does not parse or validate is
 rejected (logged once, counted) and the last good snapshot keeps serving; the next good file
 applies. A rejected file is not forgotten: it is tried again when a file it depends on changes (a
-classifier head that lands after the config, as ConfigMaps do), when it is written again with the
+classifier head or an upstream's tokenizer that lands after the config, as ConfigMaps and volumes
+do), when it is written again with the
 same bytes (`touch`), and every `RETRY_REJECTED_S`; it applies as soon as it builds, and until then
 `/readyz` names it as rejected next to the config in force. Whatever a write holds (invalid UTF-8,
 YAML nested past the recursion limit, a schema error, a setting that fails to build) is a
@@ -274,7 +275,7 @@ class ConfigHolder:
                 raise ConfigError(f"{self.path}: {too_large} bytes is larger than any configuration "
                                   f"({MAX_CONFIG_BYTES} bytes at most)")
             config = self._parse(raw)
-            deps = self._head_stamps(config)
+            deps = {**self._head_stamps(config), **_tokenizer_stamps(config)}
             runtime = self._build(config, digest)
         except Exception as exc:  # whatever a file holds, it must not stop the reloads
             reason = str(exc) if isinstance(exc, ConfigError | ValueError) else f"{type(exc).__name__}: {exc}"
@@ -360,6 +361,14 @@ class ConfigHolder:
         await self._close_retired(0)
         for client in self._redis_clients.values():
             await client.aclose()
+
+
+def _tokenizer_stamps(config: RouterConfig) -> dict[Path, tuple[int, int] | None]:
+    """The upstreams' tokenizer paths and the files load reads there: a config refused for a tokenizer
+    not mounted yet (in a cluster the operator renders the path without seeing the router's files) is
+    tried again on the next tick after it appears, not only every RETRY_REJECTED_S."""
+    return {f: _file_stamp(f) for up in config.upstreams if up.tokenizer
+            for f in model_tokens.files_read(up.tokenizer)}
 
 
 def _file_stamp(path: Path) -> tuple[int, int] | None:

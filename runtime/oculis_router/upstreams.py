@@ -41,7 +41,7 @@ from oculis import Timeouts, Upstream
 from oculis.router import DEFAULT_CONNECT_SECONDS, DEFAULT_FIRST_BYTE_SECONDS, DEFAULT_IDLE_SECONDS
 from oculis_router import strictjson
 from oculis_router.errors import APIError
-from oculis_router.pick import AdapterMissing, Fleet, Lease
+from oculis_router.pick import AdapterMissing, Fleet, Lease, Tokenized
 from oculis_router.providers import anthropic, openai_compat, relayed_headers
 
 log = logging.getLogger("oculis.router")
@@ -100,7 +100,16 @@ class Revisions:
                                                 if rev not in self.pooled}
         self._tried = 0
         self.tried: set[str] = set()  # replicas this call has tried
+        self.tokenized: Tokenized | None = None  # the prompt's model token ids, once (prepare)
+        self._prepared = False
         self.extra = int(self.first == "canary") + int(pool is not None and len(pool.members("stable")) > 1)
+
+    async def prepare(self) -> None:
+        """Tokenize the prompt for the picker once per call, before its first pick (a long prompt off the
+        event loop: Fleet.tokenize); every attempt's pick reuses the ids."""
+        if not self._prepared and self.pooled and self.fleet is not None:
+            self.tokenized = await self.fleet.tokenize(self.up, self.body, self.endpoint)
+        self._prepared = True
 
     def next(self) -> tuple[Revision, Request, Lease | None]:
         rev: Revision = "stable" if self._tried else self.first
@@ -108,11 +117,11 @@ class Revisions:
         lease = None
         if rev in self.pooled and self.fleet is not None:
             try:
-                lease = self.fleet.lease(self.up, self.body, self.endpoint, rev, self.tried)
+                lease = self.fleet.lease(self.up, self.body, self.endpoint, rev, self.tried, self.tokenized)
             except AdapterMissing as exc:
                 if rev == "canary" and "stable" in self.pooled:  # a canary not loaded yet: the stable revision
                     rev = "stable"
-                    lease = self.fleet.lease(self.up, self.body, self.endpoint, rev, self.tried)
+                    lease = self.fleet.lease(self.up, self.body, self.endpoint, rev, self.tried, self.tokenized)
                 else:
                     raise AdapterUnavailable(exc) from None
         if lease is None:
@@ -446,6 +455,7 @@ class Caller:
         """One attempt, on the revision and replica `revs` gives it: a failure sets the replica aside (or
         frees it) and a canary's failure becomes a retry on stable (_canary). The replica's lease is
         returned with the result, still held."""
+        await revs.prepare()
         rev, request, lease = revs.next()
         try:
             result = await attempt(rev, request, lease)

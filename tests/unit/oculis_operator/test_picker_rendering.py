@@ -1,6 +1,7 @@
-"""spec.routing.picker: refused on external providers (pydantic and the CRD's CEL say the same), rendered
-into the router config, and kv-events renders vLLM's --kv-events-config and its port; the InferencePool
-the operator writes where the Gateway API Inference Extension CRD exists."""
+"""spec.routing.picker and .tokenizer: refused on external providers (pydantic and the CRD's CEL say the
+same), a relative tokenizer refused likewise, both rendered into the router config, and kv-events
+renders vLLM's --kv-events-config and its port; the InferencePool the operator writes where the
+Gateway API Inference Extension CRD exists."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 
 from oculis import crdgen
 from oculis.router import KV_EVENTS_PORT, RouterConfig
-from oculis.upstream import PICKER_EXTERNAL, GPUUpstreamSpec
+from oculis.upstream import PICKER_EXTERNAL, TOKENIZER_EXTERNAL, TOKENIZER_RELATIVE, GPUUpstreamSpec
 from oculis_operator import engine_args, render
 from oculis_operator.upstream_entry import upstream_entry
 
@@ -27,6 +28,27 @@ def test_a_picker_on_an_external_provider_is_refused_naming_the_field() -> None:
         "x-kubernetes-validations"]
     assert {"rule": "self.provider == 'vllm' || !has(self.routing) || !has(self.routing.picker)",
             "message": PICKER_EXTERNAL, "fieldPath": ".routing.picker"} in rules
+
+
+def test_a_tokenizer_on_an_external_provider_or_relative_is_refused_naming_the_field_and_fix() -> None:
+    with pytest.raises(ValidationError, match=r"spec\.routing\.tokenizer applies only to provider vllm") as err:
+        GPUUpstreamSpec.model_validate({"provider": "openai", "model": "gpt-4o",
+                                        "routing": {"tokenizer": "/tokenizers/gpt"}})
+    assert "remove spec.routing.tokenizer" in str(err.value)
+    with pytest.raises(ValidationError) as err:
+        GPUUpstreamSpec.model_validate({**VLLM, "routing": {"tokenizer": "tokenizers/llama"}})
+    said = next(e["msg"] for e in err.value.errors())
+    assert said == f"Value error, {TOKENIZER_RELATIVE} (got 'tokenizers/llama')" and "\n" not in said
+    ok = GPUUpstreamSpec.model_validate({**VLLM, "routing": {"tokenizer": "/tokenizers/llama-8b"}})
+    assert ok.routing is not None and ok.routing.tokenizer == "/tokenizers/llama-8b"
+    spec = crdgen.gpuupstream_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = spec["x-kubernetes-validations"]
+    assert {"rule": "self.provider == 'vllm' || !has(self.routing) || !has(self.routing.tokenizer)",
+            "message": TOKENIZER_EXTERNAL, "fieldPath": ".routing.tokenizer"} in rules
+    assert {"rule": "!has(self.routing) || !has(self.routing.tokenizer) || self.routing.tokenizer.startsWith('/')",
+            "message": TOKENIZER_RELATIVE, "fieldPath": ".routing.tokenizer"} in rules
+    field = spec["properties"]["routing"]["properties"]["tokenizer"]
+    assert field["type"] == "string" and field["maxLength"] == 4096 and "router.extraVolumes" in field["description"]
 
 
 def test_kv_events_renders_the_publisher_and_its_port_other_pickers_do_not() -> None:
@@ -53,6 +75,19 @@ def test_the_router_config_carries_the_picker() -> None:
     assert RouterConfig.model_validate({"upstreams": [entry]}).upstreams[0].picker_name == "least-loaded"
     del obj["spec"]["routing"]
     assert "picker" not in upstream_entry(obj)[0]  # the router's default (prefix)
+
+
+def test_the_router_config_carries_the_tokenizer_path_unchecked_by_the_operator() -> None:
+    """The path is inside the router pod, which the operator cannot see: rendered as given, and the router
+    config's own schema (absolute, self-hosted) accepts it; whether the file is there is the router's to say."""
+    obj = {"metadata": {"name": "llama", "namespace": "demo", "generation": 1},
+           "spec": {**VLLM, "routing": {"picker": "kv-events", "tokenizer": "/tokenizers/not-on-this-machine"}},
+           "status": {"engineHash": "abc"}}
+    entry, _ = upstream_entry(obj)
+    assert entry["tokenizer"] == "/tokenizers/not-on-this-machine"
+    assert RouterConfig.model_validate({"upstreams": [entry]}).upstreams[0].tokenizer == entry["tokenizer"]
+    obj["spec"]["routing"] = {"picker": "prefix"}
+    assert "tokenizer" not in upstream_entry(obj)[0]  # the prompt's text is hashed, as before
 
 
 def test_the_inference_pool_selects_the_stable_engine_pods_on_their_port() -> None:

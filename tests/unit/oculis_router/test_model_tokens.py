@@ -5,8 +5,11 @@ the config errors, and the kv-events picker matching blocks keyed by an engine's
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -15,7 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from oculis import ConfigError, parse_config
 from oculis_router import model_tokens
 from oculis_router.metrics import Metrics
-from oculis_router.pick import Pool, Replica, pick_request
+from oculis_router.pick import Fleet, Pool, Replica, Tokenized, pick_request
 from oculis_router.picking import BlockStored, EventBatch, approx_token_ids, block_hashes, chat_parts
 from oculis_router.state import ConfigHolder
 
@@ -134,6 +137,44 @@ def test_the_config_refuses_a_relative_or_missing_tokenizer_in_one_line(tmp_path
     assert msg.startswith("upstreams[0] (tiny).tokenizer: ") and "has no tokenizer.json" in msg and "\n" not in msg
 
 
+def test_a_reload_naming_a_tokenizer_not_mounted_is_refused_keeps_the_last_good_config_and_applies_once_it_lands(
+        tmp_path: Path) -> None:
+    """In a cluster the operator renders spec.routing.tokenizer without seeing the router pod's files: a path
+    not (yet) mounted there is the router's one-line rejection, the config in force keeps serving, and the
+    same file applies on the next tick after the tokenizer appears (a volume populated late)."""
+    up = {"name": "tiny", "provider": "vllm", "endpoints": ["http://127.0.0.1:9/v1"], "model": "m"}
+
+    def write(route: str, **extra: str) -> None:
+        routes = [{"name": route, "tiers": [{"name": "a", "upstream": "tiny"}]}]
+        cfg.write_text(yaml.safe_dump({"oculis": {"upstreams": [{**up, **extra}], "routes": routes}}))
+
+    cfg = tmp_path / "oculis-config.yaml"
+    write("first")
+    holder = ConfigHolder(cfg, Metrics())
+    where = tmp_path / "tokenizers" / "tiny"
+    write("second", tokenizer=str(where))
+    holder.tick()
+    assert set(holder.current.routes) == {"first"} and holder.rejected is not None
+    reason = holder.rejected.reason
+    assert reason.startswith("upstreams[0] (tiny).tokenizer: ") and "has no tokenizer.json" in reason
+    assert str(where) in reason and "\n" not in reason
+    holder.tick()
+    assert set(holder.current.routes) == {"first"}  # nothing changed: still refused, not retried in a loop
+    write_tokenizer(where, {"chat_template": CHATML})
+    holder.tick()
+    assert set(holder.current.routes) == {"second"} and holder.rejected is None
+    assert holder.current.config.upstreams[0].tokenizer == str(where)
+
+    # --wait-for-config: the first config naming a missing tokenizer is "not ready", naming why, until it lands
+    late = tmp_path / "late"
+    write("third", tokenizer=str(late))
+    waiting = ConfigHolder(cfg, Metrics(), wait_for_file=True)
+    assert waiting.waiting and waiting.rejected is not None and "has no tokenizer.json" in waiting.rejected.reason
+    write_tokenizer(late, {"chat_template": CHATML})
+    waiting.tick()
+    assert not waiting.waiting and set(waiting.current.routes) == {"third"}
+
+
 def test_kv_events_match_the_engines_token_ids_only_through_the_tokenizer(
         chatml: model_tokens.ModelTokens) -> None:
     """An engine's BlockStored carries the prompt's real token ids (chat template applied); the router's
@@ -159,3 +200,56 @@ def test_kv_events_match_the_engines_token_ids_only_through_the_tokenizer(
         else:
             assert lease.pick.cached_blocks == 0 and lease.pick.reason != "prefix"
         lease.release()
+
+
+def test_a_long_prompt_is_tokenized_in_a_worker_thread_with_the_same_ids_and_the_same_pick(
+        chatml: model_tokens.ModelTokens, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Encoding a long prompt takes milliseconds of the router's event loop: over OFF_LOOP_CHARS it runs in a
+    worker thread (encode_batch, which lets go of the GIL), below inline; the ids, and so the pick, are the
+    same either way, for chats, completions and a request the template refuses."""
+    system = {"role": "system", "content": "the system prompt says hello to the user " * 60}
+    parts = [{"type": "text", "text": "def f(x): return x * 2"}]
+    long_chat = {"messages": [system, {"role": "user", "content": parts}]}
+    short_chat = {"messages": [{"role": "user", "content": "import os"}]}
+    long_prompt = {"prompt": "import os\nimport sys\n" * 200}
+    unrendered = {"messages": "not a list", "max_tokens": 8}  # no ids: its text is hashed
+    assert model_tokens.prompt_chars(long_chat) > model_tokens.OFF_LOOP_CHARS > model_tokens.prompt_chars(short_chat)
+    assert model_tokens.prompt_chars(long_prompt) > model_tokens.OFF_LOOP_CHARS
+    threads: list[tuple[bool, int]] = []
+    real = model_tokens.ModelTokens.ids
+
+    def recorded(self: model_tokens.ModelTokens, body: dict[str, Any], chat: bool, release_gil: bool = False) -> Any:
+        threads.append((release_gil, threading.get_ident()))
+        return real(self, body, chat, release_gil)
+
+    monkeypatch.setattr(model_tokens.ModelTokens, "ids", recorded)
+
+    async def both(body: dict[str, Any], chat: bool) -> tuple[list[int] | None, list[int] | None, int]:
+        off = await model_tokens.prompt_ids(chatml, body, chat)
+        return off, real(chatml, body, chat), threading.get_ident()
+
+    for body, chat, off_loop in ((long_chat, True, True), (long_prompt, False, True), (short_chat, True, False)):
+        threads.clear()
+        got, inline, loop_thread = asyncio.run(both(body, chat))
+        assert got is not None and got == inline  # encode_batch in a thread == encode on the loop
+        assert threads == [(off_loop, threads[0][1])] and (threads[0][1] != loop_thread) is off_loop
+    assert chatml.ids(long_chat, True, release_gil=True) == chatml.ids(long_chat, True)
+    for k in (True, False):
+        assert chatml.completion_ids({**long_prompt, "add_special_tokens": k}, release_gil=True) == \
+            chatml.completion_ids({**long_prompt, "add_special_tokens": k})
+
+    fleet = Fleet(Metrics())
+    up = parse_config(yaml.safe_dump({"oculis": {"upstreams": [{
+        "name": "tiny", "provider": "vllm", "model": "m", "picker": "prefix", "tokenizer": chatml.path,
+        "endpoints": ["http://127.0.0.1:9001/v1", "http://127.0.0.1:9002/v1"]}], "routes": []}})).upstreams[0]
+    fleet.sync({"tiny": ("prefix", [Replica("a", "http://127.0.0.1:9001/v1"), Replica("b", "http://127.0.0.1:9002/v1")])})
+    for body in (long_chat, short_chat, unrendered):
+        tokenized = asyncio.run(fleet.tokenize(up, body, "chat"))
+        assert tokenized == Tokenized(chatml.chat_ids(body)) and (tokenized.ids is None) is (body is unrendered)
+        ahead = pick_request(body, "chat", 16, tokenized=tokenized)
+        assert ahead == pick_request(body, "chat", 16, tokens=chatml)
+        lease = fleet.lease(up, body, "chat", "stable", set(), tokenized)
+        assert lease is not None and lease.pick.reason in ("load", "prefix")
+        lease.release()
+    fleet.sync({"tiny": ("least-loaded", [Replica("a", "http://127.0.0.1:9001/v1")])})
+    assert asyncio.run(fleet.tokenize(up, long_chat, "chat")) is None  # a strategy blind to prefixes: nothing to do

@@ -148,6 +148,8 @@ def test_yaml_blocks_in_the_readme_load() -> None:
         doc = yaml.safe_load(block)
         if isinstance(doc, dict) and "oculis" in doc:
             parse_config(block, "README.md")
+        elif isinstance(doc, dict) and doc.get("kind") == "GPUUpstream":
+            GPUUpstreamSpec.model_validate(doc["spec"])
 
 
 # README command lines that abbreviate with "..." (the rest as the line before): not runnable as written.
