@@ -39,6 +39,10 @@ def body(spec: dict[str, Any], name: str = "x") -> dict[str, Any]:
         ({**GOOD, "engine": {"extraArgs": ["--enforce-eager", ""]}}, "x", "spec.engine.extraArgs[1]"),
         ({**GOOD, "rollout": {"strategy": "Manual", "maxSurge": 0, "maxUnavailable": 0}}, "x",
          "maxSurge and maxUnavailable cannot both be 0"),
+        ({"provider": "openai", "model": "gpt-4o", "routing": {"tokenizer": "/tokenizers/gpt"}}, "x",
+         "spec.routing.tokenizer applies only to provider vllm"),
+        ({**GOOD, "routing": {"tokenizer": "tokenizers/llama"}}, "x",
+         "spec.routing.tokenizer must be an absolute path inside the router pod"),
     ],
 )
 def test_bad_spec_is_refused_by_the_api_server(api: client.ApiClient, crds: None, namespace: str,
@@ -54,6 +58,9 @@ def test_bad_spec_is_refused_by_the_api_server(api: client.ApiClient, crds: None
 def test_good_spec_is_admitted(api: client.ApiClient, crds: None, namespace: str) -> None:
     client.CustomObjectsApi(api).create_namespaced_custom_object(
         "oculis.dev", "v1alpha1", namespace, "gpuupstreams", body(GOOD), dry_run="All")
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "oculis.dev", "v1alpha1", namespace, "gpuupstreams",
+        body({**GOOD, "routing": {"picker": "kv-events", "tokenizer": "/tokenizers/llama-8b"}}), dry_run="All")
 
 
 def test_kubectl_explain_describes_the_fields(bin_dir: Path, kubeconfig: Path, crds: None) -> None:
