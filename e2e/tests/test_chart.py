@@ -6,6 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import yaml
 from kubernetes import client
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "oculis"
@@ -119,3 +120,23 @@ def test_a_second_release_in_another_namespace_installs_and_a_second_operator_is
         for ns in installed:
             helm(bin_dir, kubeconfig, "uninstall", release, "-n", ns)
         core.delete_namespace(other)
+
+
+def test_the_router_with_a_tokenizer_volume_is_accepted_by_the_api_server(
+        bin_dir: Path, kubeconfig: Path, api: client.ApiClient, namespace: str, tmp_path: Path) -> None:
+    """router.extraVolumes/extraVolumeMounts (a GPUUpstream's spec.routing.tokenizer files): the Deployment
+    they render passes the API server's own validation (server-side dry run), mounts read-only."""
+    values = tmp_path / "v.yaml"
+    values.write_text(yaml.safe_dump({"router": {
+        "extraVolumes": [{"name": "llama-tok", "configMap": {"name": "llama-8b-tokenizer"}},
+                         {"name": "qwen-tok", "persistentVolumeClaim": {"claimName": "tokenizers"}}],
+        "extraVolumeMounts": [{"name": "llama-tok", "mountPath": "/tokenizers/llama-8b"},
+                              {"name": "qwen-tok", "mountPath": "/tokenizers/qwen", "subPath": "qwen2"}]}}))
+    out = helm(bin_dir, kubeconfig, "template", "tok", str(CHART), "-n", namespace, "-f", str(values))
+    assert out.returncode == 0, out.stderr
+    dep = next(d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Deployment"
+               and d["metadata"]["name"] == "tok-router")
+    made = client.AppsV1Api(api).create_namespaced_deployment(namespace, dep, dry_run="All")
+    mounts = {m.mount_path: m.read_only for m in made.spec.template.spec.containers[0].volume_mounts}
+    assert mounts == {"/etc/oculis": True, "/tokenizers/llama-8b": True, "/tokenizers/qwen": True}
+    assert [v.name for v in made.spec.template.spec.volumes] == ["config", "llama-tok", "qwen-tok"]
