@@ -156,8 +156,8 @@ class ConfigHolder:
         config = with_shared_redis(config, self.redis_url)
         for i, up in enumerate(config.upstreams):
             if up.tokenizer is not None:
-                try:  # loaded once per path here, so a pick never waits on it (pick.py)
-                    model_tokens.load(up.tokenizer)
+                try:  # loaded here (again if its files changed), so a pick never waits on it (pick.py)
+                    model_tokens.load(up.tokenizer, fresh=True)
                 except ValueError as exc:
                     raise ConfigError(f"upstreams[{i}] ({up.name}).tokenizer: {exc}") from None
         scorers: dict[str, RouteScorer] = {}
@@ -191,7 +191,7 @@ class ConfigHolder:
         kept = {id(s) for s in stores.values()}
         self._retired += [(now, s) for s in self._stores.values() if id(s) not in kept]
         self._scorers, self._stores = scorers, stores
-        self._heads = heads
+        self._heads = {**heads, **_tokenizer_stamps(config)}  # a replaced tokenizer is reloaded like a head
         for up in config.upstreams:
             if why := missing_key(up):
                 log.warning("%s; requests to it will fail over to the next tier", why)
@@ -300,22 +300,23 @@ class ConfigHolder:
                                              for r in config.routes if r.classifier.head_path)}
 
     def _reload_heads(self) -> bool:
-        """The config is unchanged but a route's head file was replaced (a new `oculis classifier fit`,
-        a ConfigMap update): rebuild the same config. A head that does not load is a rejection, like a
-        bad config: the previous head keeps serving."""
+        """The config is unchanged but a route's head file or an upstream's tokenizer was replaced (a new
+        `oculis classifier fit`, a ConfigMap update): rebuild the same config. One that does not load is a
+        rejection, like a bad config: the previous head or tokenizer keeps serving."""
         if not self._heads or all(_file_stamp(p) == st for p, st in self._heads.items()):
             return False
         stamps = {p: _file_stamp(p) for p in self._heads}
+        changed = ", ".join(str(p) for p, st in stamps.items() if st != self._heads[p])
         try:
             runtime = self._build(self.current.config, self.current.digest)
         except Exception as exc:
             self._heads = stamps  # said once per new file, not every tick
             self.metrics.reloads.labels("rejected").inc()
-            log.error("rejected a new classifier head, still serving the previous one: %s", exc)
+            log.error("rejected replaced file(s) %s, still serving the previous ones: %s", changed, exc)
             return False
         self.current = runtime
         self.metrics.reloads.labels("applied").inc()
-        log.info("applied new classifier head(s): %s", ", ".join(str(p) for p in stamps))
+        log.info("applied replaced file(s): %s", changed)
         return True
 
     def tick(self) -> None:

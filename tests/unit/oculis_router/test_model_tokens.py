@@ -175,6 +175,35 @@ def test_a_reload_naming_a_tokenizer_not_mounted_is_refused_keeps_the_last_good_
     assert not waiting.waiting and set(waiting.current.routes) == {"third"}
 
 
+def test_a_tokenizer_replaced_in_place_is_reloaded_and_a_broken_replacement_keeps_the_previous_one(
+        tmp_path: Path) -> None:
+    """A ConfigMap or volume updated under the same path (a new model's chat template, say): the router
+    loads it on its next tick, as it does a replaced classifier head; one that does not load is a
+    rejection and the tokenizer in force keeps serving."""
+    where = write_tokenizer(tmp_path / "tok", {"chat_template": CHATML})
+    cfg = tmp_path / "oculis-config.yaml"
+    cfg.write_text(yaml.safe_dump({"oculis": {"upstreams": [
+        {"name": "tiny", "provider": "vllm", "endpoints": ["http://127.0.0.1:9/v1"], "model": "m",
+         "tokenizer": str(where)}], "routes": [{"name": "r", "tiers": [{"name": "a", "upstream": "tiny"}]}]}}))
+    metrics = Metrics()
+    holder = ConfigHolder(cfg, metrics)
+    body = {"messages": [{"role": "user", "content": "import os"}]}
+    before = model_tokens.load(str(where)).chat_ids(body)
+    holder.tick()
+    assert model_tokens.load(str(where)).chat_ids(body) == before  # nothing changed: the same one
+    (where / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages[0]['content'] }}!"}))
+    holder.tick()
+    after = model_tokens.load(str(where)).chat_ids(body)
+    assert after != before and after == encode(model_tokens.load(str(where)), "import os!")
+    assert metrics.registry.get_sample_value("oculis_config_reloads_total", {"result": "applied"}) == 1
+    (where / "tokenizer_config.json").write_text("{not json")
+    holder.tick()
+    assert metrics.registry.get_sample_value("oculis_config_reloads_total", {"result": "rejected"}) == 1
+    assert model_tokens.load(str(where)).chat_ids(body) == after  # the last good one keeps serving
+    holder.tick()
+    assert metrics.registry.get_sample_value("oculis_config_reloads_total", {"result": "rejected"}) == 1  # said once
+
+
 def test_kv_events_match_the_engines_token_ids_only_through_the_tokenizer(
         chatml: model_tokens.ModelTokens) -> None:
     """An engine's BlockStored carries the prompt's real token ids (chat template applied); the router's
