@@ -272,9 +272,12 @@ def _version_text(version: tuple[int, int] | None) -> tuple[tuple[int, int], str
 
 def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = None,
          traffic: Traffic | None = None, draft: ModelConfig | None = None, model_name: str = "model",
-         vllm_version: tuple[int, int] | None = DEFAULT_VLLM, lora: bool = False) -> Plan:
+         vllm_version: tuple[int, int] | None = DEFAULT_VLLM, lora: bool = False,
+         kv_cache_memory_bytes: int | None = None) -> Plan:
     """`lora`: the engine serves adapters (--enable-lora): its adapter buffers and shrink step are planned
-    (oculis_operator.lora_capacity)."""
+    (oculis_operator.lora_capacity). `kv_cache_memory_bytes`: vLLM's --kv-cache-memory-bytes (on its CPU
+    backend also VLLM_CPU_KVCACHE_SPACE): the KV budget as given, gpuMemoryUtilization and profiling skipped
+    (gpu_worker.determine_available_memory, cpu_worker.determine_available_memory)."""
     e = engine or Engine()
     version, version_note = _version_text(vllm_version)
     notes = [version_note] if version_note else []
@@ -308,6 +311,8 @@ def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = N
         """(runtime overhead, KV budget) in bytes for a batch of n_seqs sequences and n_batched tokens a step."""
         overhead = activation_bytes(model, tp, n_seqs, n_batched, version) + non_torch + graphs + (
             lora_capacity.lora_activation_bytes(e, n_batched) if lora else 0)
+        if kv_cache_memory_bytes is not None:
+            return overhead, kv_cache_memory_bytes
         return overhead, usable - weights - overhead
 
     def pool_for(budget: int, n_batched: int) -> tuple[int, int, str | None]:

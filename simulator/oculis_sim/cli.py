@@ -60,12 +60,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help='e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' or {"model": ..., ...}')
     p.add_argument("--acceptance-rate", type=float, metavar="A",
                    help="per-position draft acceptance probability (default by method)")
+    p.add_argument("--kv-cache-memory-bytes", metavar="BYTES",
+                   help="KV cache size instead of the --gpu-memory-utilization plan (1M = 1,048,576; vLLM's flag); "
+                   "with --gpu CPU, $VLLM_CPU_KVCACHE_SPACE (GiB) wins over it, as in vLLM")
     p.add_argument("--num-gpu-blocks-override", type=int, metavar="N",
                    help="KV blocks (of --block-size tokens) instead of what the memory plan gives (vLLM's flag)")
     p.add_argument("--step-profile", type=Path, metavar="FILE",
                    help="a step-time model fitted on the hardware (JSON/YAML: step_s, request_s, prefill_token_s, "
                    "decode_token_s, ...) instead of the GPU roofline, e.g. bench/data/cpu_step_profile.json")
-    p.add_argument("--block-size", type=int, default=16, metavar="T", help="KV block in tokens (vLLM: 16 on GPUs)")
+    p.add_argument("--block-size", type=int, metavar="T",
+                   help="KV block in tokens (vLLM's default: 16 on GPUs, 128 with --gpu CPU)")
     p.add_argument("--vllm-version", metavar="X.Y",
                    help="the engine release whose overheads to simulate (0.5: V0, 0.8: V1, 0.12+: V1 with async "
                    "scheduling; an image tag such as vllm/vllm-openai:v0.15.1 also works); default: the operator's "
@@ -114,7 +118,8 @@ def settings_from(args: argparse.Namespace) -> config.Settings:
         served_names=tuple(args.served_model_name or ()), seed=args.seed,
         num_gpu_blocks_override=args.num_gpu_blocks_override, vllm_version=args.vllm_version,
         block_size=args.block_size, mean_logprob=args.sim_mean_logprob,
-        prompt_tokens_details=args.enable_prompt_tokens_details, step_profile=args.step_profile)
+        prompt_tokens_details=args.enable_prompt_tokens_details, step_profile=args.step_profile,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes, cpu_kvcache_space=os.environ.get("VLLM_CPU_KVCACHE_SPACE"))
 
 
 # Read from the rest of the argv as vLLM reads them (oculis_sim.lora), so listed here rather than as flags.

@@ -22,6 +22,7 @@ from oculis_operator import capacity, catalog
 from oculis_sim import specdecode, steptime, versions
 
 GiB = 1024**3
+CPU_BLOCK = 128  # vLLM's CPU backend's KV block (cache_config_info block_size on the real engine)
 
 # Products the simulator needs facts for even where the CRD enum (oculis.gpus) does not list them yet;
 # facts from ../shared/notes/simulator.md section 4 and vllm-engine section 6 (GFD names, nvidia-smi MiB).
@@ -30,7 +31,7 @@ _EXTRA = (
     GPUProduct("H100-PCIe-80GB", "NVIDIA-H100-PCIe", 81559, "hopper", 9, 0, 2000, 756, 1513),
     GPUProduct("L4-24GB", "NVIDIA-L4", 23034, "ada-lovelace", 8, 9, 300, 121, 242),
     # vLLM's CPU backend: no datasheet roofline applies, so it needs a fitted --step-profile; the memory
-    # figure only feeds the KV plan (the real engine sizes its cache from --kv-cache-memory-bytes).
+    # figure is the node's, of which the default KV budget is gpu_memory_utilization's share (see kv_memory).
     GPUProduct("CPU", "CPU", 16384, "cpu", 0, 0),
 )
 EXTRA_GPUS: dict[str, GPUProduct] = {p.key: p for p in _EXTRA if p.key not in gpus.GPU_PRODUCTS}
@@ -64,6 +65,23 @@ def parse_int(flag: str, text: str) -> int:
     return int(m.group(1)) * _UNIT[m.group(2)]
 
 
+def kv_memory(gpu: GPUProduct, flag: str | None, cpu_kvcache_space: str | None) -> int | None:
+    """The KV budget vLLM 0.32 is told, or None for its memory plan (gpu_memory_utilization's share minus
+    weights and overheads, on a CPU of the node's memory). On the CPU backend VLLM_CPU_KVCACHE_SPACE (whole
+    GiB) replaces --kv-cache-memory-bytes (platforms/cpu.py; measured: with both, the variable's size)."""
+    if gpu.family == "cpu" and cpu_kvcache_space is not None:
+        if not cpu_kvcache_space.strip().isdigit() or int(cpu_kvcache_space) < 1:
+            raise SimConfigError(f"VLLM_CPU_KVCACHE_SPACE={cpu_kvcache_space!r}: a whole number of GiB (e.g. 1) is "
+                                 "needed; unset it to size the cache with --kv-cache-memory-bytes")
+        return int(cpu_kvcache_space) * GiB
+    if flag is None:
+        return None
+    size = parse_int("--kv-cache-memory-bytes", flag)
+    if size < 1:
+        raise SimConfigError(f"--kv-cache-memory-bytes {flag}: must be positive (e.g. 1M = 1,048,576 bytes)")
+    return size
+
+
 @dataclass(frozen=True)
 class Settings:
     model_name: str
@@ -93,6 +111,7 @@ class Settings:
     vllm_version: tuple[int, int] = capacity.DEFAULT_VLLM  # the engine release whose overheads are modelled
     block_size: int = capacity.BLOCK  # KV block in tokens (vLLM's CPU backend uses 128)
     step_profile: steptime.FittedSteps | None = None  # a fitted step-time model replaces the roofline
+    kv_cache_memory_bytes: int | None = None  # the KV budget given (kv_memory), None: the memory plan's
 
     @property
     def version_profile(self) -> versions.VersionProfile:
@@ -118,8 +137,9 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
             quantization: str | None = None, prefix_caching: bool = True, speculative_config: str | None = None,
             acceptance_rate: float | None = None, served_names: tuple[str, ...] = (), seed: int = 0,
             num_gpu_blocks_override: int | None = None, vllm_version: str | tuple[int, int] | None = None,
-            block_size: int = capacity.BLOCK, mean_logprob: float = -0.4,
-            prompt_tokens_details: bool = False, step_profile: Path | steptime.FittedSteps | None = None) -> Settings:
+            block_size: int | None = None, mean_logprob: float = -0.4,
+            prompt_tokens_details: bool = False, step_profile: Path | steptime.FittedSteps | None = None,
+            kv_cache_memory_bytes: str | None = None, cpu_kvcache_space: str | None = None) -> Settings:
     if not gpu_name:
         raise SimConfigError("--gpu: missing; name the GPU product to simulate (e.g. --gpu H100-80GB, or set "
                              "OCULIS_SIM_GPU)")
@@ -129,12 +149,15 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
                    else versions.parse(vllm_version))
     except versions.VersionError as exc:
         raise SimConfigError(str(exc)) from None
+    if block_size is None:  # vLLM's CPU backend uses 128-token blocks
+        block_size = CPU_BLOCK if gpu.family == "cpu" else capacity.BLOCK
     if block_size not in (8, 16, 32, 64, 128, 256):
         raise SimConfigError(f"--block-size {block_size}: use one of 8, 16, 32, 64, 128 (CPU backend), 256")
     fitted = load_step_profile(step_profile) if isinstance(step_profile, Path) else step_profile
     if gpu.family == "cpu" and fitted is None:
         raise SimConfigError(f"--gpu {gpu_name}: a CPU has no datasheet roofline; pass --step-profile FILE fitted on "
                              "it (e.g. bench/data/cpu_step_profile.json)")
+    kv_given = kv_memory(gpu, kv_cache_memory_bytes, cpu_kvcache_space)
     inline = load_model_config(model_config) if isinstance(model_config, Path) else model_config
     try:
         model = catalog.lookup(model_name, inline)
@@ -210,7 +233,8 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
                     speculative=(Speculative(draft_model=spec.draft_model or spec.head, num_speculative_tokens=min(
                         spec.num_speculative_tokens, 16), method=None if spec.draft_model else spec.method)
                         if spec else None))
-    plan = capacity.plan(model, gpu, tp, engine, draft=draft, model_name=model_name, vllm_version=version)
+    plan = capacity.plan(model, gpu, tp, engine, draft=draft, model_name=model_name, vllm_version=version,
+                         kv_cache_memory_bytes=kv_given)
     if plan.kv_budget_bytes <= 0:
         raise SimConfigError(
             f"--gpu-memory-utilization {gpu_memory_utilization}: No available memory for the cache blocks. Try "
@@ -245,7 +269,7 @@ def resolve(model_name: str, gpu_name: str | None, *, model_config: Path | Model
         weights_bytes_per_gpu=plan.weights_bytes_per_gpu, kv_bytes_per_token=plan.kv_bytes_per_token, seed=seed,
         vllm_version=version, block_size=block_size, model_path=model_name,
         num_gpu_blocks_override=num_gpu_blocks_override, mean_logprob=mean_logprob,
-        prompt_tokens_details=prompt_tokens_details, step_profile=fitted)
+        prompt_tokens_details=prompt_tokens_details, step_profile=fitted, kv_cache_memory_bytes=kv_given)
 
 
 def load_step_profile(path: Path) -> steptime.FittedSteps:

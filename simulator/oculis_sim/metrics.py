@@ -59,7 +59,8 @@ def cache_config_labels(s: Settings) -> dict[str, str]:
         "num_gpu_blocks": str(s.num_blocks), "num_cpu_blocks": "None", "effective_attention_block_size": str(block),
         "kv_cache_size_tokens": str(tokens), "kv_cache_max_concurrency": str(round(tokens / s.max_model_len, 2)),
         "hash_block_size": str(block), "cache_hit_alignment_tokens": str(block), "kv_sharing_fast_prefill": "False",
-        "swa_bounded_replay": "True", "kv_cache_memory_bytes": "None", "kv_offloading_size": "None",
+        "swa_bounded_replay": "True", "kv_cache_memory_bytes": str(s.kv_cache_memory_bytes),
+        "kv_offloading_size": "None",
         "kv_offloading_backend": "native", "_block_size_resolved": "True", "engine": "0",
     }
 
