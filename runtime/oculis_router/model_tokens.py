@@ -268,8 +268,8 @@ async def prompt_ids(tokens: ModelTokens, body: dict[str, Any], chat: bool) -> l
     return await asyncio.to_thread(tokens.ids, body, chat, True)
 
 
-Stamps = tuple[tuple[int, int] | None, ...]
-_LOADED: dict[str, tuple[Stamps, ModelTokens]] = {}
+Stamps = tuple[tuple[int, int] | None, ...]  # (mtime, size) of each of files_read(path), None where absent
+_LOADED: dict[str, tuple[Stamps | None, ModelTokens]] = {}
 
 
 def files_read(path: str) -> tuple[Path, ...]:
@@ -278,27 +278,13 @@ def files_read(path: str) -> tuple[Path, ...]:
     return (p, *(p / name for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")))
 
 
-def stamps(path: str) -> Stamps:
-    """(mtime, size) of each of files_read(path), None where absent; symlinks followed (a ConfigMap's)."""
-    out: list[tuple[int, int] | None] = []
-    for f in files_read(path):
-        try:
-            st = f.stat()
-        except OSError:
-            out.append(None)
-        else:
-            out.append((st.st_mtime_ns, st.st_size))
-    return tuple(out)
-
-
-def load(path: str, fresh: bool = False) -> ModelTokens:
+def load(path: str, stamps: Stamps | None = None) -> ModelTokens:
     """The model's tokenizer at `path` (a directory with tokenizer.json, or the file), loaded once per path;
-    `fresh` (a config build): loaded again if its files changed since (a ConfigMap or volume updated in
-    place), the previous one kept when the new files do not load. ValueError with one line saying what
-    is missing or wrong."""
+    `stamps` (a config build, state.py): its files' stamps now, loaded again when they differ from those
+    it was loaded with (a ConfigMap or volume updated in place), the previous one kept when the new files
+    do not load. ValueError with one line saying what is missing or wrong."""
     cached = _LOADED.get(path)
-    now = stamps(path) if fresh or cached is None else cached[0]
-    if cached is not None and cached[0] == now:
+    if cached is not None and (stamps is None or cached[0] == stamps):
         return cached[1]
     p = Path(path)
     where = p if p.is_dir() else p.parent
@@ -332,5 +318,5 @@ def load(path: str, fresh: bool = False) -> ModelTokens:
     got = ModelTokens(path, tokenizer, template, source is not None and loops_over_content(source),
                       _special_tokens(config), source is not None and ("'developer'" in source
                                                                        or '"developer"' in source))
-    _LOADED[path] = (now, got)
+    _LOADED[path] = (stamps, got)
     return got

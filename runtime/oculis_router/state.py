@@ -5,10 +5,10 @@ cache stores. Each request takes the snapshot in force when it starts and keeps 
 reload never drops or changes an in-flight request. A new file that does not parse or validate is
 rejected (logged once, counted) and the last good snapshot keeps serving; the next good file
 applies. A rejected file is not forgotten: it is tried again when a file it depends on changes (a
-classifier head or an upstream's tokenizer that lands after the config, as ConfigMaps and volumes
-do), when it is written again with the
-same bytes (`touch`), and every `RETRY_REJECTED_S`; it applies as soon as it builds, and until then
-`/readyz` names it as rejected next to the config in force. Whatever a write holds (invalid UTF-8,
+classifier head or an upstream's tokenizer that lands after the config, as ConfigMaps and volumes do),
+when it is written again with the same bytes (`touch`), and every `RETRY_REJECTED_S`; it applies as
+soon as it builds, and until then `/readyz` names it as rejected next to the config in force.
+Whatever a write holds (invalid UTF-8,
 YAML nested past the recursion limit, a schema error, a setting that fails to build) is a
 rejection, never an exception that ends the watcher; should the watcher stop anyway,
 `watch_stopped` says why and `/readyz` turns 503 naming it.
@@ -156,8 +156,9 @@ class ConfigHolder:
         config = with_shared_redis(config, self.redis_url)
         for i, up in enumerate(config.upstreams):
             if up.tokenizer is not None:
+                stamps = tuple(_file_stamp(f) for f in model_tokens.files_read(up.tokenizer))
                 try:  # loaded here (again if its files changed), so a pick never waits on it (pick.py)
-                    model_tokens.load(up.tokenizer, fresh=True)
+                    model_tokens.load(up.tokenizer, stamps)
                 except ValueError as exc:
                     raise ConfigError(f"upstreams[{i}] ({up.name}).tokenizer: {exc}") from None
         scorers: dict[str, RouteScorer] = {}
