@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from oculis import gpus
+from oculis.adapters import DEFAULT_MAX_LORA_RANK, VLLM_LORA_RANKS
 from oculis.base import format_errors
 from oculis.upstream import GPUUpstreamSpec
 from oculis_cli.inputs import InputError, finite_float, load_yaml, read_text
@@ -48,6 +49,11 @@ def _plan_flags(p: argparse.ArgumentParser, log: bool = False) -> None:
     p.add_argument("--vllm-version", metavar="X.Y", help="the engine's vLLM version (the budget terms changed "
                    "across releases); default: the operator's pinned engine image")
     p.add_argument("--draft-model")
+    p.add_argument("--max-loras", type=int, metavar="M",
+                   help="serve LoRA adapters (--enable-lora) with M slots (vLLM's default 1): plans their memory")
+    p.add_argument("--max-lora-rank", type=int, metavar="R",
+                   help=f"the largest adapter rank, one of {', '.join(map(str, VLLM_LORA_RANKS))} (vLLM's default "
+                   f"{DEFAULT_MAX_LORA_RANK}); implies LoRA serving")
     p.add_argument("--profile", choices=["interactive", "rag", "batch"], default="interactive")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
 
@@ -73,7 +79,8 @@ FLAGS = {"spec.model": "--model", "spec.gpu.count": "--tensor-parallel", "spec.e
          "spec.engine.maxNumSeqs": "--max-num-seqs", "spec.engine.maxNumBatchedTokens": "--max-num-batched-tokens",
          "spec.engine.gpuMemoryUtilization": "--gpu-memory-utilization",
          "spec.engine.speculative.draftModel": "--draft-model", "spec.modelConfig": "--model-config",
-         "spec.image": "--vllm-version"}
+         "spec.image": "--vllm-version", "spec.engine.maxLoras": "--max-loras",
+         "spec.engine.maxLoraRank": "--max-lora-rank"}
 SWEEPS = {"max-num-seqs": ("max_num_seqs", int), "max-num-batched-tokens": ("max_num_batched_tokens", int),
           "max-model-len": ("max_model_len", int), "gpu-memory-utilization": ("gpu_memory_utilization", float)}
 
@@ -85,11 +92,15 @@ def spec_body(args: argparse.Namespace, product: str, model_config: Any) -> dict
               "gpuMemoryUtilization": args.gpu_memory_utilization, "quantization": args.quantization,
               "speculative": {"draftModel": args.draft_model} if args.draft_model else None,
               "extraArgs": ["--enforce-eager"] if getattr(args, "enforce_eager", False) else None}
+    lora = {"maxLoras": getattr(args, "max_loras", None), "maxLoraRank": getattr(args, "max_lora_rank", None)}
+    engine.update(lora)
     # The plan reads the vLLM version from the engine image tag, as the operator does.
     image = f"vllm/vllm-openai:v{args.vllm_version}.0" if args.vllm_version else None
     body = {"provider": "vllm", "model": args.model, "gpu": {"product": product, "count": args.tensor_parallel},
             "engine": {k: v for k, v in engine.items() if v is not None}, "traffic": {"profile": args.profile},
-            "modelConfig": model_config, "image": image}
+            "modelConfig": model_config, "image": image,
+            # either LoRA flag means --enable-lora: no adapters listed yet, as a GPUUpstream with `adapters: []`
+            "adapters": [] if any(v is not None for v in lora.values()) else None}
     return {k: v for k, v in body.items() if v is not None}
 
 
@@ -178,6 +189,9 @@ def _print_plan(args: argparse.Namespace, product: str, result: dict[str, Any]) 
         print(f"  KV cache tokens      {result['kv_cache_tokens']:10d}")
         print(f"  max concurrency      {result['max_concurrency']:10d} sequences of {result['tokens_per_seq']} "
               "tokens")
+        if result.get("lora_weights_bytes"):
+            print(f"  LoRA per GPU         {result['lora_weights_bytes'] / 2**20:10.0f} MiB adapter slots (in the "
+                  f"weights), {result['lora_shrink_bytes'] / 2**20:.1f} MiB shrink buffer (in the activations)")
         for note in result.get("notes", ()):
             print(f"  note: {note}")
     print(f"  {'FITS' if result['fits'] else 'DOES NOT FIT'}: {result['message']}")

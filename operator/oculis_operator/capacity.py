@@ -107,6 +107,8 @@ class Plan:
     vllm_version: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
     kv_blocks: int = 0  # blocks in vLLM's pool: what vllm:cache_config_info reports as num_gpu_blocks
+    lora_weights_bytes: int = 0  # --enable-lora: the adapter slots, counted in weights_bytes_per_gpu
+    lora_shrink_bytes: int = 0  # --enable-lora: the shrink buffer at a full step, counted in activation_bytes
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -297,8 +299,8 @@ def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = N
     elif spec is not None and spec.method == "mtp":  # one extra decoder layer of the target
         kv_tok += kv_bytes_per_token(model, tp, e.kv_cache_dtype) // model.num_layers
         extra_kv = True
+    adapters = lora_capacity.lora_weight_bytes(model, tp, e) if lora else 0
     if lora:
-        adapters = lora_capacity.lora_weight_bytes(model, tp, e)
         weights += adapters
         notes.append(f"LoRA: {e.max_loras or 1} adapter slots at rank {e.max_lora_rank or 16} take "
                      f"{adapters / GiB:.2f} GiB/GPU (q,k,v,o,gate,up,down of every layer), counted with the weights")
@@ -338,6 +340,8 @@ def plan(model: ModelConfig, gpu: GPUProduct, tp: int, engine: Engine | None = N
         safe_max_model_len=min(tokens, model.max_position_embeddings),
         requested_bytes=usable, activation_bytes=overhead - non_torch - graphs, non_torch_bytes=non_torch,
         cuda_graph_bytes=graphs, vllm_version=f"{version[0]}.{version[1]}", notes=tuple(notes), kv_blocks=blocks,
+        lora_weights_bytes=adapters,
+        lora_shrink_bytes=lora_capacity.lora_activation_bytes(e, batched) if lora else 0,
     )
     where = (f"{model_name} on {gpu.key} x{tp}, gpuMemoryUtilization {e.gpu_memory_utilization}, vLLM "
              f"{version[0]}.{version[1]}: weights {weights / GiB:.2f} GiB/GPU, overhead ~{overhead / GiB:.2f} GiB, "
