@@ -97,9 +97,13 @@ class AdapterMissing(Exception):
 
     def __init__(self, upstream: str, adapter: str, revision: str, listed: list[frozenset[str] | None]) -> None:
         seen = sorted({a for names in listed for a in names or ()})
+        # The router cannot tell a config the operator rendered from a hand-written one (the same schema),
+        # so the hint names both: the engines' own list, and the GPUUpstream's status when there is one.
         super().__init__(f"adapter {adapter!r} is loaded on none of the {len(listed)} {revision} replicas of "
-                         f"upstream {upstream!r} (they list: {', '.join(seen[:20]) or 'no adapter'}); its "
-                         "GPUUpstream status says whether it is still loading or failed")
+                         f"upstream {upstream!r} (their engines' /v1/models list: "
+                         f"{', '.join(seen[:20]) or 'no adapter'}); load it on the engines (vLLM --lora-modules), "
+                         f"or, if a GPUUpstream manages {upstream!r}, `kubectl get gu {upstream}` (ADAPTERS) and "
+                         "its status say whether it is still loading or failed")
         self.upstream, self.adapter = upstream, adapter
 
 

@@ -141,3 +141,15 @@ def test_a_canary_without_the_adapter_yet_sends_the_call_to_stable() -> None:
     rev, (url, _, payload), lease = revs.next()
     assert (rev, lease is not None and lease.replica.id) == ("stable", "stable-0")
     assert url.startswith("http://127.0.0.1:32011/v1") and payload["model"] == "sql"
+
+
+def test_adapter_not_loaded_message_without_kubernetes() -> None:
+    """Q19: the router cannot tell an operator-rendered config from a hand-written one, so the 503 claims
+    no GPUUpstream: it names what the engines list, how to load the adapter, and the GPUUpstream as a case."""
+    p = pool({"a": frozenset({"support"}), "b": frozenset()})
+    with pytest.raises(AdapterMissing) as missing:
+        p.lease(BODY, "chat", "stable", set(), "sql")
+    message = AdapterUnavailable(missing.value).client_error("llama").message
+    assert "their engines' /v1/models list: support)" in message and "--lora-modules" in message
+    assert "if a GPUUpstream manages 'llama'" in message and "`kubectl get gu llama` (ADAPTERS)" in message
+    assert "its GPUUpstream status says" not in message
