@@ -74,7 +74,8 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             return EXIT_USAGE
     hours = (got.t1 - got.t0).total_seconds() / 3600
     gpu = got.catalog.gpu | gpu_flags
-    cells = cost_core.cells(got.counters, got.catalog.pricing, gpu, hours)
+    cells = cost_core.cells(got.counters, got.catalog.pricing, gpu, hours,
+                            cost_core.tier_adapters(got.catalog.config.routes))
     rep = cost_core.report(cells, group_by, cost_core.unattributed_dollars(got.counters, cells),
                            route_window_core.describe_window(got.t0, got.t1), bool(gpu))
     rep["prices_from"] = got.catalog.source
@@ -110,7 +111,8 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
                  for a in rep["adapters"]]
         out.table("LoRA adapters (counted per call: oculis_adapter_*_total)", acols, arows, stdout, right=acols[2:])
     out.line("requests: answered by the row's tier; calls: billed calls (answers given, answers a later tier "
-             "replaced, a verifier's gradings): token $, cache saving and GPU $ are shared out by them", stdout)
+             "replaced, a verifier's gradings): token $ (but a LoRA adapter's, counted per call), cache saving and "
+             "GPU $ are shared out by them", stdout)
     for k, v in rep["basis"].items():
         out.line(f"{k}: {v}", stdout)
     out.line(f"note: {rep['note']}", stdout)

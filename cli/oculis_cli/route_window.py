@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 from oculis_cli import checks_output as out
 from oculis_cli.clusterinputs import emit, window_inputs
+from oculis_measure.cost import core as cost_core
 from oculis_measure.route import cascade
 from oculis_measure.route import window as route_window_core
 
@@ -20,11 +21,13 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     if isinstance(got, int):
         return got
     assert got.route is not None
-    rep = route_window_core.table(got.route, got.counters, got.catalog.pricing, (got.t1 - got.t0).total_seconds())
+    adapters = cost_core.tier_adapters(got.catalog.config.routes)  # every route's: they share the upstreams
+    rep = route_window_core.table(got.route, got.counters, got.catalog.pricing, (got.t1 - got.t0).total_seconds(),
+                                  adapters)
     rep["window"] = route_window_core.describe_window(got.t0, got.t1)
     rate = None if args.answer_escalation_rate is None else cascade.parse_rate(args.answer_escalation_rate)
     upstreams = {u.name: u for u in got.catalog.config.upstreams}
-    rep["cascade"] = route_window_core.window_cascade(got.route, upstreams, got.counters, rate)
+    rep["cascade"] = route_window_core.window_cascade(got.route, upstreams, got.counters, rate, adapters)
     emit(rep, args.output, stdout, "tiers", render)
     return 0
 

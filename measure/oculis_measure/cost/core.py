@@ -9,6 +9,13 @@ verifier upstream, its gradings (oculis_answer_grades_total, charged to the rout
 graded, as tier "(verifier)"). That is exact when an upstream serves one route and tier, and an
 estimate weighted by call count when several share it; the report says so.
 
+LoRA adapters are the exception: the router also counts each adapter's tokens and dollars exactly
+(oculis_adapter_*_total by upstream and adapter). The rows of an adapter's calls (route label
+`<upstream or route>/<adapter>`, or a route's tier that names the adapter) take those counters, and the
+rest of the upstream's tokens and dollars is shared by calls among its other rows, so the rows agree
+with the adapters table. Cached prompt tokens have no per-adapter counter: each row gets the
+upstream's cached tokens in proportion to its prompt tokens (the call share when no adapter is counted).
+
 GPU dollars are on the allocation basis: a priced upstream's reserved GPUs cost their hours whether
 busy or not, shared out by the same calls, and an upstream no call reached is an "(idle)" row.
 
@@ -20,10 +27,11 @@ goes through `usage.cost_dollars` too: one cost formula in one place.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from oculis import Pricing
+from oculis import Pricing, Route
 from oculis_router.usage import Usage, cost_dollars
 
 GROUP_KEYS = ("route", "tier", "upstream")
@@ -80,6 +88,7 @@ class Cell:
     token_dollars: float = 0.0
     cache_saving_dollars: float = 0.0
     gpu_dollars: float = 0.0
+    adapter: str | None = None  # the LoRA adapter whose own counters gave its tokens and dollars
 
     def usage(self) -> Usage:
         return Usage(prompt=round(self.prompt_tokens), completion=round(self.completion_tokens),
@@ -97,10 +106,11 @@ def billed(outcome: str) -> bool:
 
 
 def cells(c: Counters, pricing: dict[str, Pricing], gpu: dict[str, GPUCost] | None = None,
-          window_hours: float = 0.0) -> list[Cell]:
+          window_hours: float = 0.0, tier_adapters: dict[tuple[str, str], str] | None = None) -> list[Cell]:
     """Every (route, tier, upstream) with requests or calls in the window, with its share of its
     upstream's tokens, dollars and (allocation basis: reserved GPUs are paid whether busy or not)
-    GPU-hours; plus an "(idle)" cell per GPU-priced upstream no call reached."""
+    GPU-hours; plus an "(idle)" cell per GPU-priced upstream no call reached. `tier_adapters`:
+    (route, tier) -> the LoRA adapter that tier asks for (the config's `tiers[].adapter`)."""
     from oculis_measure.cache.advise import pricing_saving
 
     gpu = gpu or {}
@@ -134,16 +144,30 @@ def cells(c: Counters, pricing: dict[str, Pricing], gpu: dict[str, GPUCost] | No
     per_upstream: dict[str, float] = defaultdict(float)
     for x in out.values():
         per_upstream[x.upstream] += x.calls
+    exact = adapter_cells(c, list(out.values()), tier_adapters or {})
+    pool = _remainders(c, per_upstream, [(out[k], key) for k, key in exact.items()])
     for x in out.values():
         total = per_upstream.get(x.upstream, 0.0)
-        f = x.calls / total if total else 0.0
+        x.share_of_upstream = f = x.calls / total if total else 0.0
         u = x.upstream
-        x.share_of_upstream = f
-        x.prompt_tokens = f * c.prompt_tokens.get(u, 0.0)
-        x.completion_tokens = f * c.completion_tokens.get(u, 0.0)
-        x.cached_tokens = f * c.cached_tokens.get(u, 0.0)
-        x.cache_write_tokens = f * c.cache_write_tokens.get(u, 0.0)
-        x.token_dollars = f * c.cost.get(u, 0.0)
+        key = exact.get((x.route, x.tier, u))
+        if key is not None:  # the adapter's own counters, shared by calls only among the adapter's rows
+            x.adapter = key[1]
+            calls = pool.adapter_calls[key]
+            a = x.calls / calls if calls else 0.0
+            x.prompt_tokens = a * c.adapter_prompt_tokens.get(key, 0.0)
+            x.completion_tokens = a * c.adapter_completion_tokens.get(key, 0.0)
+            x.token_dollars = a * c.adapter_cost.get(key, 0.0)
+        else:  # the upstream's remainder once its counted adapters are taken out, by calls
+            calls = pool.calls.get(u, 0.0)
+            r = x.calls / calls if calls else 0.0
+            x.prompt_tokens = r * pool.prompt_tokens.get(u, 0.0)
+            x.completion_tokens = r * pool.completion_tokens.get(u, 0.0)
+            x.token_dollars = r * pool.cost.get(u, 0.0)
+        prompt = c.prompt_tokens.get(u, 0.0)
+        t = x.prompt_tokens / prompt if prompt else f  # no per-adapter cached counter: by prompt tokens
+        x.cached_tokens = t * c.cached_tokens.get(u, 0.0)
+        x.cache_write_tokens = t * c.cache_write_tokens.get(u, 0.0)
         p = pricing.get(u)
         if p is not None:
             x.cache_saving_dollars = pricing_saving(p, x.cached_tokens, x.cache_write_tokens)
@@ -154,6 +178,61 @@ def cells(c: Counters, pricing: dict[str, Pricing], gpu: dict[str, GPUCost] | No
         if not per_upstream.get(u):
             cell(IDLE, "-", u).gpu_dollars = g.dollars_per_gpu_hour * g.gpus * window_hours
     return sorted(out.values(), key=lambda x: (x.route, x.tier, x.upstream))
+
+
+def tier_adapters(routes: Iterable[Route]) -> dict[tuple[str, str], str]:
+    """(route, tier) -> the LoRA adapter the tier asks for, of every route's tiers that name one."""
+    return {(r.name, t.name): t.adapter for r in routes for t in r.tiers if t.adapter is not None}
+
+
+def adapter_of(route: str, tier: str, tier_adapters: dict[tuple[str, str], str]) -> str | None:
+    """The LoRA adapter a row's calls asked for: the `<adapter>` of a `<upstream or route>/<adapter>`
+    route label (names of routes and upstreams have no "/"), or the adapter its route's tier names."""
+    if tier == VERIFIER_TIER:  # a verifier grades with its base model
+        return None
+    base, sep, adapter = route.rpartition("/")
+    if sep and base and adapter:
+        return adapter
+    return tier_adapters.get((route, tier))
+
+
+def adapter_cells(c: Counters, cs: list[Cell], tier_adapters: dict[tuple[str, str], str]
+                  ) -> dict[tuple[str, str, str], tuple[str, str]]:
+    """(route, tier, upstream) -> (upstream, adapter) for each billed row of an adapter the router counted."""
+    counted = set(c.adapter_cost) | set(c.adapter_prompt_tokens) | set(c.adapter_completion_tokens)
+    out = {}
+    for x in cs:
+        a = adapter_of(x.route, x.tier, tier_adapters)
+        if x.calls > 0 and a is not None and (x.upstream, a) in counted:
+            out[(x.route, x.tier, x.upstream)] = (x.upstream, a)
+    return out
+
+
+@dataclass
+class _Pool:
+    """Per upstream, what is left for its rows without adapter counters; per adapter, its rows' calls."""
+
+    calls: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: dict[str, float] = field(default_factory=dict)
+    completion_tokens: dict[str, float] = field(default_factory=dict)
+    cost: dict[str, float] = field(default_factory=dict)
+    adapter_calls: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
+
+
+def _remainders(c: Counters, per_upstream: dict[str, float], exact: list[tuple[Cell, tuple[str, str]]]) -> _Pool:
+    pool = _Pool(calls=dict(per_upstream), prompt_tokens=dict(c.prompt_tokens),
+                 completion_tokens=dict(c.completion_tokens), cost=dict(c.cost))
+    for x, key in exact:
+        pool.adapter_calls[key] += x.calls
+        pool.calls[x.upstream] = pool.calls.get(x.upstream, 0.0) - x.calls
+    for key in {key for _, key in exact}:
+        u = key[0]
+        # Prometheus extrapolates each increase() on its own: never below 0 for the other rows
+        pool.prompt_tokens[u] = max(0.0, pool.prompt_tokens.get(u, 0.0) - c.adapter_prompt_tokens.get(key, 0.0))
+        pool.completion_tokens[u] = max(0.0, pool.completion_tokens.get(u, 0.0)
+                                        - c.adapter_completion_tokens.get(key, 0.0))
+        pool.cost[u] = max(0.0, pool.cost.get(u, 0.0) - c.adapter_cost.get(key, 0.0))
+    return pool
 
 
 def adapter_rows(c: Counters) -> list[dict[str, Any]]:
@@ -173,9 +252,13 @@ def adapter_rows(c: Counters) -> list[dict[str, Any]]:
 
 
 def unattributed_dollars(c: Counters, cs: list[Cell]) -> float:
-    """Dollars counted for upstreams that no request in the window reached (a counter reset, say)."""
-    seen = {x.upstream for x in cs if x.share_of_upstream > 0}
-    return sum(v for u, v in c.cost.items() if u not in seen)
+    """Dollars counted for an upstream that no row took: no request in the window reached it (a counter
+    reset, say), or what its adapters' rows left with no other row to take it."""
+    taken: dict[str, float] = defaultdict(float)
+    for x in cs:
+        taken[x.upstream] += x.token_dollars
+    left = [v - taken.get(u, 0.0) for u, v in c.cost.items()]
+    return sum(d for d, v in zip(left, c.cost.values(), strict=True) if d > 1e-9 * v)  # not float dust
 
 
 def parse_group_by(raw: str) -> list[str]:
@@ -225,7 +308,8 @@ def report(cs: list[Cell], group_by: list[str], unattributed: float, window: str
         "basis": {
             "token_dollars": "usage: oculis_cost_dollars_total, shared out by each route/tier's share of the "
                              "upstream's calls (answers given, answers a later tier replaced, a verifier's gradings "
-                             "as tier (verifier))",
+                             "as tier (verifier)); a LoRA adapter's rows (<upstream or route>/<adapter>, a tier's "
+                             "adapter) take its own oculis_adapter_*_total, the other rows share the rest",
             "cache_saving_dollars": "net: cached prompt tokens x (input - cached input price) - cache-write tokens x "
                                     "(cache-write - input price), as cache advise's saving_dollars",
             "gpu_dollars": ("allocation: pricing.gpuHourDollars x GPUs x window hours of every priced upstream, "

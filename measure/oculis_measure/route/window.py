@@ -79,13 +79,15 @@ def _human(d: timedelta) -> str:
     return f"{s:g} s"
 
 
-def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds: float) -> dict[str, Any]:
+def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds: float,
+          tier_adapters: dict[tuple[str, str], str] | None = None) -> dict[str, Any]:
     """The seed's per-tier table for one route, as a JSON-ready dict. Per tier: the requests it answered
     (final) and, from routers that count them, the requests the route sent it first (routed) and its
     answers a later tier replaced; its cost is every answer it produced, replaced ones included, and the
-    verifier's gradings of the route's answers are a row of their own, so the total is what the route cost."""
+    verifier's gradings of the route's answers are a row of their own, so the total is what the route cost.
+    `tier_adapters` (cost.core.tier_adapters of every route): LoRA adapter calls take their own counters."""
     scale = MONTH_DAYS * 86400 / window_seconds
-    mine = [x for x in cells(c, pricing) if x.route == route.name]
+    mine = [x for x in cells(c, pricing, tier_adapters=tier_adapters) if x.route == route.name]
     strongest = route.tiers[-1]
     strong_price = pricing.get(strongest.upstream, Pricing())
     by_tier: dict[str, list[Cell]] = {t.name: [] for t in route.tiers}
@@ -147,7 +149,8 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
     }
 
 
-def window_cascade(route: Route, upstreams: dict[str, Upstream], c: Counters, rate: float | None) -> dict[str, Any]:
+def window_cascade(route: Route, upstreams: dict[str, Upstream], c: Counters, rate: float | None,
+                   tier_adapters: dict[tuple[str, str], str] | None = None) -> dict[str, Any]:
     """Routed-only vs cascade cost over the window. Where the router counts routed tiers, each request
     is placed at the tier it was routed to (never at the tier that answered: the cascade is not applied
     again on top of one the counters already observed), with that tier's tokens per answer, and p_esc is
@@ -156,7 +159,7 @@ def window_cascade(route: Route, upstreams: dict[str, Upstream], c: Counters, ra
     checked = {route.tiers[i].name for i in cascade.checked_tiers(route, upstreams, False)}
     index = {t.name: i for i, t in enumerate(route.tiers)}
     pricing = {name: up.pricing for name, up in upstreams.items()}
-    mine = [x for x in cells(c, pricing) if x.route == route.name]
+    mine = [x for x in cells(c, pricing, tier_adapters=tier_adapters) if x.route == route.name]
     routed = {name: sum(x.routed for x in mine if x.tier == name) for name in index}
     if sum(routed.values()) > 0:
         return _observed_cascade(route, upstreams, c, mine, routed, checked, rate)

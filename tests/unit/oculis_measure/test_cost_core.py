@@ -110,3 +110,62 @@ def test_the_cost_report_prints_the_adapters_table() -> None:
     plain = io.StringIO()
     render(report(cs, ["route"], 0.0, "w", False) | {"prices_from": "test", "adapters": []}, plain)
     assert "LoRA adapters" not in plain.getvalue()  # no adapter counted: no table
+
+
+def test_cost_report_adapter_rows_use_the_adapter_counters() -> None:
+    """Q18: a `<upstream>/<adapter>` row takes the adapter's own counters (so it agrees with the adapters
+    table), and the upstream's other rows share what is left by calls; hand-checked arithmetic."""
+    from oculis_measure.cost.core import adapter_rows
+
+    c = Counters(
+        # 6 small `llama/ext` calls, a 94-call `llama/sql` burst, 100 calls of route chat (tier sql-tier asks for
+        # adapter sql), 50 base-model calls on route chat's tier base, a verifier grading 10 chat answers on llama
+        requests={("llama/ext", "direct", "llama", "ok"): 6, ("llama/sql", "direct", "llama", "ok"): 94,
+                  ("chat", "sql-tier", "llama", "ok"): 100, ("chat", "base", "llama", "ok"): 50,
+                  ("chat", "base", "llama", "cache_hit"): 7},
+        gradings={("chat", "llama", "pass"): 10},
+        prompt_tokens={"llama": 100_000}, completion_tokens={"llama": 20_000}, cached_tokens={"llama": 10_000},
+        cost={"llama": 1.0},
+        adapter_prompt_tokens={("llama", "ext"): 40, ("llama", "sql"): 60_000},
+        adapter_completion_tokens={("llama", "ext"): 20, ("llama", "sql"): 12_000},
+        adapter_cost={("llama", "ext"): 0.000092, ("llama", "sql"): 0.6},
+    )
+    cs = cells(c, {"llama": Pricing(input_per_mtok=1, output_per_mtok=2, cached_input_per_mtok=0.5)},
+               tier_adapters={("chat", "sql-tier"): "sql"})
+    by = {(x.route, x.tier): x for x in cs}
+    ext = by[("llama/ext", "direct")]  # the only row of adapter ext: exactly its counters
+    assert (ext.prompt_tokens, ext.completion_tokens, ext.token_dollars, ext.adapter) == (40, 20, 0.000092, "ext")
+    # adapter sql: 94 + 100 calls share its 60,000 / 12,000 tokens and $0.60
+    assert by[("llama/sql", "direct")].prompt_tokens == pytest.approx(60_000 * 94 / 194)
+    assert by[("chat", "sql-tier")].token_dollars == pytest.approx(0.6 * 100 / 194)
+    # the rest: 100,000 - 40 - 60,000 = 39,960 prompt tokens, 20,000 - 20 - 12,000 = 7,980 completion,
+    # $1 - 0.000092 - 0.6 = $0.399908, shared by the 50 base calls and the 10 gradings
+    base, grading = by[("chat", "base")], by[("chat", "(verifier)")]
+    assert base.prompt_tokens == pytest.approx(39_960 * 50 / 60) and grading.prompt_tokens == pytest.approx(6_660)
+    assert base.completion_tokens == pytest.approx(7_980 * 50 / 60)
+    assert base.token_dollars == pytest.approx(0.399908 * 50 / 60) and base.adapter is None
+    assert grading.token_dollars == pytest.approx(0.399908 * 10 / 60)
+    # cached tokens (no per-adapter counter) follow the prompt tokens: ext 40 / 100,000 of 10,000
+    assert ext.cached_tokens == pytest.approx(4) and base.cached_tokens == pytest.approx(3_330)
+    assert sum(x.token_dollars for x in cs) == pytest.approx(1.0) and unattributed_dollars(c, cs) == 0
+    # the two tables agree: the route rows of each adapter sum to its row in the adapters table
+    rep = report(cs, ["route"], 0.0, "w", False)
+    rows = {r["route"]: r for r in rep["rows"]}
+    table = {a["adapter"]: a for a in adapter_rows(c)}
+    assert rows["llama/ext"]["prompt_tokens"] == table["ext"]["prompt_tokens"] == 40
+    assert rows["llama/ext"]["token_dollars"] == table["ext"]["token_dollars"] == 0.000092
+    assert rows["llama/sql"]["token_dollars"] + 0.6 * 100 / 194 == pytest.approx(table["sql"]["token_dollars"])
+    assert "own oculis_adapter_*_total" in rep["basis"]["token_dollars"]
+
+
+def test_cost_report_adapter_rows_fall_back_to_call_share_without_adapter_counters() -> None:
+    """A router without the adapter counters (or a window without them): every row shares by calls, as
+    before; and an upstream whose only rows are an adapter's leaves the rest unattributed, not lost."""
+    c = Counters(requests={("llama/ext", "direct", "llama", "ok"): 1, ("llama", "direct", "llama", "ok"): 3},
+                 prompt_tokens={"llama": 400}, cost={"llama": 0.4})
+    by = {x.route: x for x in cells(c, {})}
+    assert by["llama/ext"].token_dollars == pytest.approx(0.1) and by["llama/ext"].adapter is None
+    only = Counters(requests={("llama/ext", "direct", "llama", "ok"): 1}, cost={"llama": 0.4},
+                    adapter_cost={("llama", "ext"): 0.1})
+    cs = cells(only, {})
+    assert cs[0].token_dollars == pytest.approx(0.1) and unattributed_dollars(only, cs) == pytest.approx(0.3)
