@@ -150,24 +150,36 @@ def test_the_engines_errors_are_relayed_with_status_and_shape(routed: Routed, ro
 
 def test_a_client_that_leaves_stops_the_engine_generating(routed: Routed) -> None:
     engine = routed.engine
-    before = engine_counter(engine, "generation_tokens")
     want = 480
-    body = {"model": "real", "prompt": "x", "max_tokens": want, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", routed.url + "/v1/completions", json=body, timeout=120) as r:
-        assert r.status_code == 200
-        for n, _ in enumerate(r.iter_lines()):
-            if n >= 6:
-                break  # the client goes away mid-answer
-    eventually(lambda: engine_gauge(engine, "num_requests_running") == 0, timeout=60,
-               what="the engine to drop the abandoned request")
-    assert engine_counter(engine, "generation_tokens") - before < want
-    # A non-streamed answer the client stops waiting for is aborted too.
-    before = engine_counter(engine, "generation_tokens")
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(routed.url + "/v1/completions", timeout=1.0, json={**body, "stream": False})
-    eventually(lambda: engine_gauge(engine, "num_requests_running") == 0, timeout=60,
-               what="the engine to drop the abandoned non-streamed request")
-    assert engine_counter(engine, "generation_tokens") - before < want
+    body = {"model": "real", "prompt": "x", "max_tokens": want, "ignore_eos": True}
+
+    def streamed() -> None:
+        with httpx.stream("POST", routed.url + "/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+            assert r.status_code == 200
+            for i, _ in enumerate(r.iter_lines()):
+                if i >= 6:
+                    break  # the client goes away mid-answer
+
+    def not_streamed() -> None:  # 480 tokens take the tiny model about 1.5 s
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(routed.url + "/v1/completions", timeout=0.3, json=body)
+
+    # On a 2-core machine vLLM's API server shares a core with its scheduler and now and then holds a
+    # stream's tokens, and its notice of a closed connection, until the generation ends (measured: with
+    # the router or without it): such a try says nothing about the router, so each case gets 3 tries and
+    # one abandoned request that the engine stops early shows the router closed its call.
+    for leave in (streamed, not_streamed):
+        generated = []
+        for _ in range(3):
+            before = engine_counter(engine, "generation_tokens")
+            leave()
+            eventually(lambda: engine_gauge(engine, "num_requests_running") == 0, timeout=60,
+                       what="the engine to finish or drop the abandoned request")
+            generated.append(engine_counter(engine, "generation_tokens") - before)
+            if generated[-1] < want:
+                break
+        assert generated[-1] < want, f"{leave.__name__}: the engine generated {generated} of {want} each try"
+    assert 'outcome="client_closed"' in routed.metrics()
 
 
 def test_a_token_limit_is_metered_from_the_engines_real_usage(routed: Routed) -> None:
