@@ -161,8 +161,13 @@ def test_a_client_that_leaves_stops_the_engine_generating(routed: Routed) -> Non
                     break  # the client goes away mid-answer
 
     def not_streamed() -> None:  # 480 tokens take the tiny model about 1.5 s
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(routed.url + "/v1/completions", timeout=0.3, json=body)
+        try:
+            r = httpx.post(routed.url + "/v1/completions", timeout=0.3, json=body)
+        except httpx.ReadTimeout:
+            return
+        # Seen once in CI and not reproduced since (6 of 6 here timed out): an answer within 0.3 s.
+        # Such a try shows nothing about a client leaving; the loop below tries again.
+        print(f"realengine: a non-streamed try was answered within 0.3 s: {r.status_code} {r.text[:200]}")
 
     # On a 2-core machine vLLM's API server shares a core with its scheduler and now and then holds a
     # stream's tokens, and its notice of a closed connection, until the generation ends (measured: with
