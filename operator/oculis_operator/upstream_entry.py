@@ -18,6 +18,11 @@ def key_env(name: str) -> str:
     return "OCULIS_KEY_" + name.upper().replace("-", "_")
 
 
+def _given(src: dict[str, Any], **keys: str) -> dict[str, Any]:
+    """The router config's snake_case keys for the CRD's camelCase fields that are set."""
+    return {ours: src[theirs] for ours, theirs in keys.items() if src.get(theirs) is not None}
+
+
 def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     meta, spec, status = obj["metadata"], obj.get("spec", {}), obj.get("status") or {}
     name = meta["name"]
@@ -26,26 +31,12 @@ def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] 
     entry: dict[str, Any] = {"name": name, "provider": spec["provider"],
                              "model": (spec["provider"] == "vllm" and status.get("servedModel")) or spec.get("model")}
     if spec.get("pricing"):
-        entry["pricing"] = {
-            k: v
-            for k, v in {
-                "input_per_mtok": spec["pricing"].get("inputPerMtok"),
-                "output_per_mtok": spec["pricing"].get("outputPerMtok"),
-                "cached_input_per_mtok": spec["pricing"].get("cachedInputPerMtok"),
-                "cache_write_per_mtok": spec["pricing"].get("cacheWritePerMtok"),
-            }.items()
-            if v is not None
-        }
+        entry["pricing"] = _given(spec["pricing"], input_per_mtok="inputPerMtok", output_per_mtok="outputPerMtok",
+                                  cached_input_per_mtok="cachedInputPerMtok",
+                                  cache_write_per_mtok="cacheWritePerMtok")
     if spec.get("timeouts"):
-        entry["timeouts"] = {
-            k: v
-            for k, v in {
-                "connect_seconds": spec["timeouts"].get("connectSeconds"),
-                "first_byte_seconds": spec["timeouts"].get("firstByteSeconds"),
-                "idle_seconds": spec["timeouts"].get("idleSeconds"),
-            }.items()
-            if v is not None
-        }
+        entry["timeouts"] = _given(spec["timeouts"], connect_seconds="connectSeconds",
+                                   first_byte_seconds="firstByteSeconds", idle_seconds="idleSeconds")
     secret = None
     if spec["provider"] == "vllm":
         entry["base_url"] = render.endpoint(name, meta["namespace"])
