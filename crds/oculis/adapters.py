@@ -10,9 +10,10 @@ VLLM_LORA_RANKS, default 16; `--max-loras` default 1), so a spec it would refuse
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from oculis.base import Model
 from oculis.vllm_flags import flag_name
@@ -26,6 +27,23 @@ DEFAULT_MAX_LORAS = 1
 MAX_ADAPTERS = 32  # bounds the CEL uniqueness check's cost; more adapters than this on one base is not planned
 # An adapter name is sent as a model name and may follow `<route>/` in a request: no '/', no spaces.
 ADAPTER_NAME = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
+NO_SLASH = ("an adapter name has no '/': requests name an adapter as <route or upstream>/<adapter>, so write the "
+            "part after the '/'")
+
+
+def _adapter_name(value: Any) -> Any:
+    # Before the pattern, whose own message only quotes the regular expression.
+    if isinstance(value, str) and not re.fullmatch(ADAPTER_NAME, value):
+        raise ValueError(f"{NO_SLASH + '; it is ' if '/' in value else 'not an adapter name: use '}lowercase "
+                         "letters, digits, '-', '_' and '.', starting and ending with a letter or digit, at most 63 "
+                         "characters (requests send it as their model)")
+    return value
+
+
+# Every field naming an adapter: the GPUUpstream's declaration, a tier's choice, the router's list.
+AdapterName = Annotated[str, BeforeValidator(_adapter_name), Field(
+    pattern=ADAPTER_NAME, max_length=63,
+    json_schema_extra={"x-kubernetes-validations": [{"rule": "!self.contains('/')", "message": NO_SLASH}]})]
 # Where a ConfigMap- or PVC-sourced adapter is mounted in the engine pod: <dir>/<adapter name>.
 ADAPTER_MOUNT_DIR = "/adapters"
 
@@ -73,7 +91,7 @@ SOURCE_ONE_RULE: dict[str, Any] = {
 class Adapter(Model):
     """One LoRA adapter the engine serves beside the base model; requests name it as their model."""
 
-    name: str = Field(pattern=ADAPTER_NAME, max_length=63)
+    name: AdapterName
     """The model name requests use for it (tiers name it in `adapter`)"""
     source: AdapterSource = Field(json_schema_extra={"x-kubernetes-validations": [SOURCE_ONE_RULE]})
     """Where its weights come from"""

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from oculis.adapters import ADAPTER_NAME, unknown_adapter
+from oculis.adapters import AdapterName, unknown_adapter
 from oculis.base import Model, format_errors
 
 Provider = Literal["vllm", "openai", "anthropic", "openai-compatible"]
@@ -155,7 +155,7 @@ class Upstream(Model):
                                                    "model outside Kubernetes (base URLs, or {url, kv_events}): "
                                                    "the router picks one per request (picker); in a cluster it "
                                                    "finds the Ready pods itself")
-    adapters: list[Annotated[str, Field(pattern=ADAPTER_NAME)]] | None = Field(
+    adapters: list[AdapterName] | None = Field(
         None, description="Self-hosted: LoRA adapters the engine serves beside the base model (vLLM model names); "
         "tiers name them in `adapter`, requests as `<route or upstream>/<adapter>`")
     picker: PickerName | None = Field(None, description="How a replica is picked per request: random, round-robin, "
@@ -274,7 +274,7 @@ class SemanticTier(Model):
     """Flat spelling of match.maxPromptTokens (one spelling per tier); reads back the match's value"""
     upstream: str = Field(max_length=253)
     """Upstream (GPUUpstream name) that answers"""
-    adapter: str | None = Field(None, pattern=ADAPTER_NAME, max_length=63)
+    adapter: AdapterName | None = None
     """A LoRA adapter of the upstream this tier asks for (sent as the model name); unset: the base model"""
     modalities: list[Modality] | None = Field(None, min_length=1)
     """What this tier's model takes, e.g. [text, image]: image prompts go to tiers that declare image"""

@@ -43,6 +43,8 @@ def body(spec: dict[str, Any], name: str = "x") -> dict[str, Any]:
          "spec.routing.tokenizer applies only to provider vllm"),
         ({**GOOD, "routing": {"tokenizer": "tokenizers/llama"}}, "x",
          "spec.routing.tokenizer must be an absolute path inside the router pod"),
+        ({**GOOD, "adapters": [{"name": "llama/sql", "source": {"path": "/a"}}]}, "x",
+         "an adapter name has no '/': requests name an adapter as <route or upstream>/<adapter>"),
     ],
 )
 def test_bad_spec_is_refused_by_the_api_server(api: client.ApiClient, crds: None, namespace: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -61,6 +62,22 @@ def test_vllm_rank_choices_and_external_providers() -> None:
     assert "maxLoraRank" in refusal(spec(engine={"maxLoraRank": 24}))  # vLLM's parser takes only its choices
     text = refusal({"provider": "openai", "model": "gpt-4o", "adapters": [{"name": "a", "source": {"path": "/a"}}]})
     assert "spec.adapters apply only to provider vllm" in text
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    ("llama/sql", "an adapter name has no '/': requests name an adapter as <route or upstream>/<adapter>, so write "
+                  "the part after the '/'"),
+    ("SQL lora", "not an adapter name: use lowercase letters, digits, '-', '_' and '.'"),
+])
+def test_a_bad_adapter_name_is_refused_with_the_rule_wherever_it_is_named(name: str, said: str) -> None:
+    # QA3 Q25: pydantic's own message only quoted the regular expression.
+    text = refusal(spec(adapters=[{"name": name, "source": {"path": "/a"}}]))
+    assert text.startswith(f"spec.adapters.0.name: {said}") and f"(got {name!r})" in text
+    for config in (CONFIG.replace("[sql, support]", f"[sql, {json.dumps(name)}]") % "sql",
+                   CONFIG % json.dumps(name)):
+        with pytest.raises(ConfigError) as exc:
+            parse_config(config)
+        assert said in str(exc.value)
 
 
 def test_the_crd_carries_the_same_rules() -> None:
