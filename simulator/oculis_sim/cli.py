@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from oculis.adapters import VLLM_LORA_RANKS
 from oculis_cli.inputs import InputError, port_number
 from oculis_cli.serve import bind_problem
-from oculis_sim import config, vllm_flags
+from oculis_sim import config, versions, vllm_flags
 
 if TYPE_CHECKING:
     from oculis_sim.workload import Workload
@@ -203,7 +203,7 @@ def _text(res: object, s: config.Settings, sent: int | None = None) -> str:
         return (f"SIMULATED (oculis-simulator, not measured): {s.model_name} on {s.gpu.key} x{s.tp}\n  "
                 + _no_requests(sent if sent is not None else res.refused, res.refused))
     lines = [f"SIMULATED (oculis-simulator, not measured): {s.model_name} on {s.gpu.key} x{s.tp}, "
-             f"vLLM {s.vllm_version[0]}.{s.vllm_version[1]} ({s.version_profile.era}), "
+             f"vLLM {s.vllm_version[0]}.{s.vllm_version[1]} ({versions.described(s.vllm_version)}), "
              f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
              f"max_model_len {s.max_model_len}" + (f", {s.spec.method} k={s.spec.num_speculative_tokens} "
                                                    f"acceptance {s.acceptance_rate:g}" if s.spec else "")]

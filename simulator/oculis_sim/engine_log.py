@@ -6,6 +6,7 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING
 
+from oculis_sim import versions
 from oculis_sim.config import Settings
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ def startup_lines(s: Settings) -> list[str]:
         f"oculis sim serve: SIMULATED vLLM engine (oculis-simulator, no GPU): {s.model_name} on {s.gpu.key} x{s.tp}; "
         f"max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
         f"max_model_len {s.max_model_len}; timed as vLLM {s.vllm_version[0]}.{s.vllm_version[1]} "
-        f"({s.version_profile.era}){', fitted --step-profile' if s.step_profile else ''}",
+        f"({versions.described(s.vllm_version)}){', fitted --step-profile' if s.step_profile else ''}",
         f"INFO (simulated) GPU KV cache size: {s.kv_cache_tokens:,} tokens",
         f"INFO (simulated) Maximum concurrency for {s.max_model_len:,} tokens per request: "
         f"{s.kv_cache_tokens / s.max_model_len:.2f}x",

