@@ -27,6 +27,7 @@ from typing import Any
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
+from oculis import endpoint_map
 from oculis.upstream import GPUUpstreamSpec
 from oculis_operator import adapter_loading as core
 from oculis_operator.engine_args import PORT
@@ -44,21 +45,14 @@ def wants(spec: GPUUpstreamSpec) -> list[core.Want]:
 
 
 def loopback_ports(path: Path) -> dict[tuple[str, str], int]:
-    """(namespace, pod) -> its 127.0.0.1 port, from an endpoint map `{HOST: {namespace, pods: [{pod, port}]}}`;
-    nothing when the file cannot be read (the stand-in writes it atomically, so a read sees a whole map)."""
+    """(namespace, pod) -> its 127.0.0.1 port, from the endpoint map (`oculis.endpoint_map`, the router's
+    reader too); nothing when the file cannot be read or parsed (the stand-in writes it atomically, so a
+    read sees a whole map)."""
     try:
-        doc: Any = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        served = endpoint_map.parse(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, endpoint_map.EndpointMapError):
         return {}
-    out: dict[tuple[str, str], int] = {}
-    for entry in doc.values() if isinstance(doc, dict) else ():
-        if not isinstance(entry, dict) or not isinstance(entry.get("pods"), list):
-            continue
-        for p in entry["pods"]:
-            port = p.get("port") if isinstance(p, dict) else None
-            if isinstance(port, int) and not isinstance(port, bool) and p.get("pod"):
-                out[(str(entry.get("namespace", "")), str(p["pod"]))] = port
-    return out
+    return {(s.namespace, p.pod): p.port for s in served.values() for p in s.pods}
 
 
 NO_IP = "no pod IP yet"

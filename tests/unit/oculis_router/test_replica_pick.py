@@ -9,7 +9,8 @@ import json
 import pytest
 
 from oculis import ConfigError, parse_config
-from oculis_router.endpoints import parse_endpoints, pods_of
+from oculis.endpoint_map import parse
+from oculis_router.endpoints import replicas_of
 from oculis_router.metrics import Metrics
 from oculis_router.pick import Fleet, Pool, Replica
 from oculis_router.replicas import at_address, engine_figures, found, metrics_url
@@ -112,7 +113,7 @@ def test_the_endpoint_map_gives_each_pod_its_own_replica() -> None:
     text = json.dumps({"llama-vllm.demo.svc": {"ports": [4001, 4002], "pods": [
         {"pod": "llama-a", "port": 4001, "pid": 1}, {"pod": "llama-b", "port": 4002, "kv_events": "tcp://127.0.0.1:5"}]},
         "other.demo.svc": {"ports": [4003]}})
-    pods = pods_of(text, parse_endpoints(text, "map"))
+    pods = replicas_of(parse(text, "map"))
     assert pods["llama-vllm.demo.svc"] == [("llama-a", 4001, None), ("llama-b", 4002, "tcp://127.0.0.1:5")]
     assert pods["other.demo.svc"] == [("other.demo.svc:4003", 4003, None)]  # no pod names: one per port
     assert at_address("http://llama-vllm.demo.svc:8000/v1", "127.0.0.1", 4001) == "http://127.0.0.1:4001/v1"
