@@ -39,7 +39,8 @@ from oculis_router.plan import headers as plan_headers
 from oculis_router.relay import SSE_HEADERS, held, replay
 from oculis_router.slices import slice_watch
 from oculis_router.state import ConfigHolder, Runtime, describe
-from oculis_router.upstreams import Caller, failure_kind
+from oculis_router.upstreams import Caller
+from oculis_router.verdicts import failure_kind
 
 WATCH_CLIENT_AFTER_S = 0.25  # non-streamed answers slower than this are cancelled if the client leaves
 log = logging.getLogger("oculis.router")

@@ -24,15 +24,9 @@ from oculis_router.plan import ESCALATED_ON_ANSWER, ESCALATED_ON_FAILURE, Plan, 
 from oculis_router.plan import headers as plan_headers
 from oculis_router.providers import relayed_headers
 from oculis_router.relay import SSE_HEADERS, account, estimate_of, estimated_usage, relay, replay
-from oculis_router.upstreams import (
-    REPLICA_HEADER,
-    REVISION_HEADER,
-    Attempt,
-    Caller,
-    UpstreamFailed,
-    UpstreamRejected,
-    failure_kind,
-)
+from oculis_router.revisions import REPLICA_HEADER, REVISION_HEADER
+from oculis_router.upstreams import Attempt, Caller
+from oculis_router.verdicts import UpstreamFailed, UpstreamRejected, failure_kind
 
 log = logging.getLogger("oculis.router")
 

@@ -22,8 +22,9 @@ from oculis_router.metrics import Metrics
 from oculis_router.pick import adapter_of
 from oculis_router.sse import StreamCollector, generated_text, without_usage_chunks
 from oculis_router.streamcheck import EventGate, MalformedStream
-from oculis_router.upstreams import IdleTimeout, Stream
+from oculis_router.upstreams import Stream
 from oculis_router.usage import Usage, cost_dollars
+from oculis_router.verdicts import IdleTimeout
 
 # Proxies (nginx ingress, CDNs) buffer or cache responses unless told not to; a stream must flow.
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}

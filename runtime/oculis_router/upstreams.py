@@ -4,14 +4,14 @@ Timeouts: a connect timeout, a first-byte timeout (a stream's first chunk; a non
 headers) and an idle timeout between reads. There is no total cap, so a long generation that keeps
 streaming is never cut (an aiohttp `total` timeout used to end every stream after 120 s).
 
-What a failed attempt leads to is decided by `judge`, a pure function of the status, headers and
+What a failed attempt leads to is decided by `verdicts.judge`, a pure function of the status, headers and
 body: retry on the same upstream (connection errors, timeouts, 5xx, 429 without a long Retry-After:
 exponential backoff, or exactly the Retry-After when it is at most `RETRY_AFTER_WAIT_MAX_S`), move
 to the next tier at once (a longer Retry-After, the router's own credential refused, a prompt over
 the tier's context length), or relay the upstream's answer (any other 4xx: the client's problem).
 Retries stop after `escalation.max_retries`; a first-byte or idle timeout is retried only on the last
 tier (each retry costs the whole timeout again). An upstream with a `canary` revision sends each call
-there with probability `percent` (`revision`, pure, on a random draw); a canary attempt that fails
+there with probability `percent` (`revisions.revision`, pure, on a random draw); a canary attempt that fails
 retryably is retried on the stable revision, on top of the retry budget, so a bad canary costs a
 client at most one wasted attempt, never an escalation the stable revision would have spared it.
 Streams are retried only while no byte has reached the client: the first chunk is read here, before
@@ -24,15 +24,13 @@ The HTTP client is aiohttp, not httpx: httpx's connection pool degrades badly un
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
-import math
 import os
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -40,193 +38,20 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from oculis import Timeouts, Upstream
 from oculis.router import DEFAULT_CONNECT_SECONDS, DEFAULT_FIRST_BYTE_SECONDS, DEFAULT_IDLE_SECONDS
 from oculis_router import strictjson
-from oculis_router.errors import APIError
-from oculis_router.pick import AdapterMissing, Fleet, Lease, Tokenized
-from oculis_router.providers import anthropic, openai_compat, relayed_headers
+from oculis_router.pick import Fleet, Lease
+from oculis_router.providers import anthropic, relayed_headers
+from oculis_router.revisions import REPLICA_HEADER, REVISION_HEADER, Request, Revision, Revisions, provider_of
+from oculis_router.verdicts import (
+    IdleTimeout,
+    Retryable,
+    UpstreamFailed,
+    UpstreamRejected,
+    Verdict,
+    judge,
+    replica_fault,
+)
 
 log = logging.getLogger("oculis.router")
-
-# A Retry-After up to this is waited out on the same upstream; a longer one moves to the next tier at
-# once (a client should not wait on a rate-limited tier while another could answer), and is relayed
-# with the 429 when no tier can answer.
-RETRY_AFTER_WAIT_MAX_S = 2.0
-# Phrases of a prompt over the model's context: vLLM ("This model's maximum context length is ...",
-# "... is longer than the maximum model length"), OpenAI (code context_length_exceeded, "context
-# window"), Anthropic ("prompt is too long"). A tier with a longer context may answer it.
-CONTEXT_LENGTH_MARKERS = ("maximum context length", "maximum model length", "context_length_exceeded",
-                          "context window", "prompt is too long")
-
-
-# ---- the policy: pure ----------------------------------------------------------------------------
-
-Revision = Literal["canary", "stable"]
-REVISION_HEADER = "x-oculis-revision"
-REPLICA_HEADER = "x-oculis-replica"  # the replica that answered (a pod's name), when the router picked one
-
-
-def revision(up: Upstream, draw: float) -> Revision:
-    """Which revision of `up` a call goes to, for a uniform `draw` in [0, 1): the canary for draws
-    below its percent, so over many calls it takes that share."""
-    return "canary" if up.canary is not None and draw * 100 < up.canary.percent else "stable"
-
-
-def at_revision(up: Upstream, rev: Revision) -> Upstream:
-    """`up` as called at `rev`: the canary's base_url (same name, model, key and revision, so the
-    response cache's key and the metrics' upstream label do not change)."""
-    if rev == "stable" or up.canary is None:
-        return up
-    return up.model_copy(update={"base_url": up.canary.base_url})
-
-
-Request = tuple[str, dict[str, str], dict[str, Any]]  # url, headers, payload (a provider's build_request)
-
-
-class Revisions:
-    """The attempts of one call to `up`: the first goes to the revision the draw picked, every retry to
-    stable. Within the revision a replica is picked per attempt (pick.py), a different one each time
-    while one is left; without replicas each revision's request is built once. `extra`: attempts on
-    top of the retry budget (a canary's failed attempt is retried on stable; a failed replica's on
-    another replica of the same upstream, before the tier escalates)."""
-
-    def __init__(self, up: Upstream, endpoint: str, body: dict[str, Any], draw: float,
-                 fleet: Fleet | None = None) -> None:
-        self.up, self.endpoint, self.body, self.fleet = up, endpoint, body, fleet
-        self.prov = provider_of(up)
-        self.first: Revision = revision(up, draw)
-        pool = fleet.pool(up) if fleet is not None else None
-        self.pooled = {rev for rev in (self.first, "stable") if pool is not None and pool.members(rev)}
-        self._calls: dict[Revision, Request] = {rev: self.prov.build_request(at_revision(up, rev), endpoint, body)
-                                                for rev in dict.fromkeys((self.first, "stable"))
-                                                if rev not in self.pooled}
-        self._tried = 0
-        self.tried: set[str] = set()  # replicas this call has tried
-        self.tokenized: Tokenized | None = None  # the prompt's model token ids, once (prepare)
-        self._prepared = False
-        self.extra = int(self.first == "canary") + int(pool is not None and len(pool.members("stable")) > 1)
-
-    async def prepare(self) -> None:
-        """Tokenize the prompt for the picker once per call, before its first pick (a long prompt off the
-        event loop: Fleet.tokenize); every attempt's pick reuses the ids."""
-        if not self._prepared and self.pooled and self.fleet is not None:
-            self.tokenized = await self.fleet.tokenize(self.up, self.body, self.endpoint)
-        self._prepared = True
-
-    def next(self) -> tuple[Revision, Request, Lease | None]:
-        rev: Revision = "stable" if self._tried else self.first
-        self._tried += 1
-        lease = None
-        if rev in self.pooled and self.fleet is not None:
-            try:
-                lease = self.fleet.lease(self.up, self.body, self.endpoint, rev, self.tried, self.tokenized)
-            except AdapterMissing as exc:
-                if rev == "canary" and "stable" in self.pooled:  # a canary not loaded yet: the stable revision
-                    rev = "stable"
-                    lease = self.fleet.lease(self.up, self.body, self.endpoint, rev, self.tried, self.tokenized)
-                else:
-                    raise AdapterUnavailable(exc) from None
-        if lease is None:
-            if rev not in self._calls:  # every replica left since the call began: the base URL, as before
-                self._calls[rev] = self.prov.build_request(at_revision(self.up, rev), self.endpoint, self.body)
-            return rev, self._calls[rev], None
-        self.tried.add(lease.replica.id)
-        at = at_revision(self.up, rev).model_copy(update={"base_url": lease.url})
-        return rev, self.prov.build_request(at, self.endpoint, self.body), lease
-
-
-def replica_fault(exc: BaseException) -> bool:
-    """Whether a failed attempt says something about the replica (set it aside) rather than the request
-    or the router's credential: a refused or reset connection, a timeout, a 5xx, a broken answer."""
-    if isinstance(exc, Retryable):
-        return True
-    return isinstance(exc, UpstreamFailed) and not (exc.verdict.credential or exc.verdict.context_length)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What to do after one failed attempt, and what the client gets if no tier can answer."""
-
-    action: Literal["retry", "escalate", "relay"]
-    reason: str  # for logs and the client's 502: never the provider's own text (it can quote the key)
-    wait: float | None = None  # retry after exactly this many seconds (Retry-After); None: backoff
-    status: int = 502  # the client's status when no tier can answer
-    retry_after: float | None = None  # the Retry-After relayed with it
-    credential: bool = False  # the router's own API key was refused: the router's misconfiguration
-    context_length: bool = False  # the prompt is over this tier's context: relayed as is if no tier is left
-    kind: str | None = None  # the failure's label when none of the above names it (failure_kind)
-
-
-def retry_after_seconds(headers: Mapping[str, str], now: datetime) -> float | None:
-    """Seconds a provider asks to wait: `retry-after-ms` (OpenAI), else `Retry-After` as seconds or as
-    an HTTP date (RFC 9110). None when absent or unreadable; a date in the past is 0."""
-    h = {k.lower(): v.strip() for k, v in headers.items()}
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = h.get(name)
-        if not value:
-            continue
-        try:
-            seconds = float(value) * scale
-        except ValueError:
-            if name == "retry-after-ms":
-                continue
-            try:
-                when = email.utils.parsedate_to_datetime(value)
-            except (TypeError, ValueError):
-                return None
-            when = when if when.tzinfo else when.replace(tzinfo=UTC)
-            return max(0.0, (when - now).total_seconds())
-        if math.isfinite(seconds) and seconds >= 0:
-            return seconds
-    return None
-
-
-def is_context_length(body: bytes) -> bool:
-    text = body[:65536].decode("utf-8", "replace").lower()
-    return any(m in text for m in CONTEXT_LENGTH_MARKERS)
-
-
-def judge(status: int, headers: Mapping[str, str], body: bytes, now: datetime) -> Verdict:
-    """The policy for an upstream's error answer (status >= 400)."""
-    if status in (429, 503):
-        after = retry_after_seconds(headers, now)
-        final = 429 if status == 429 else (503 if after is not None else 502)
-        if after is None:
-            return Verdict("retry", f"status {status}", status=final)
-        why = f"status {status}, Retry-After {round(after, 1):g} s"
-        if after <= RETRY_AFTER_WAIT_MAX_S:
-            return Verdict("retry", why, wait=after, status=final, retry_after=after)
-        return Verdict("escalate", why, status=final, retry_after=after)
-    if status >= 500:
-        return Verdict("retry", f"status {status}")
-    if status in (401, 403):
-        return Verdict("escalate", f"the upstream refused the router's credential (status {status}); the "
-                       "router's API key for it is wrong or lacks access", credential=True)
-    if status in (400, 413, 422) and is_context_length(body):
-        return Verdict("escalate", f"the prompt is over this tier's context length (status {status})",
-                       status=status, context_length=True)
-    return Verdict("relay", f"status {status}", status=status)
-
-
-def failure_kind(v: Verdict) -> str:
-    """A short, bounded label for why a call failed (`oculis_upstream_failures_total{kind}`)."""
-    if v.kind is not None:
-        return v.kind
-    if v.credential:
-        return "credential"
-    if v.context_length:
-        return "context_length"
-    if v.status == 429:
-        return "rate_limited"
-    reason = v.reason
-    if reason.startswith("status ") and reason[7:10].isdigit():
-        return f"status_{reason[7:10]}"
-    if "Timeout" in reason or "timed out" in reason or "within" in reason or "stalled" in reason:
-        return "timeout"
-    if "JSON" in reason or "shape" in reason or "choices" in reason:
-        return "bad_answer"
-    if "not set in the router's environment" in reason:
-        return "missing_key"
-    return "connection"
-
 
 @dataclass(frozen=True)
 class Limits:
@@ -261,82 +86,6 @@ class Attempt:
     retries: int | None = None  # None: the router's default
     timeouts: Timeouts | None = None
     can_escalate: bool = False
-
-
-# ---- outcomes ------------------------------------------------------------------------------------
-
-class Retryable(Exception):
-    def __init__(self, verdict: Verdict) -> None:
-        super().__init__(verdict.reason)
-        self.verdict = verdict
-
-
-class UpstreamFailed(Exception):
-    """This upstream cannot answer (retries spent, or retrying would not help): the next tier may."""
-
-    def __init__(self, message: str, verdict: Verdict | None = None) -> None:
-        super().__init__(message)
-        self.verdict = verdict or Verdict("escalate", message)
-
-    def client_error(self, upstream: str) -> APIError:
-        """What the client gets when no tier is left: a 429/503 with the provider's Retry-After, else
-        a 502 naming the upstream and the reason (never the provider's text)."""
-        v = self.verdict
-        why = str(self).removeprefix(f"{upstream}: ")
-        if v.status in (429, 503):
-            headers = {"retry-after": str(math.ceil(v.retry_after))} if v.retry_after is not None else {}
-            if v.status == 429:
-                return RelayedLimit(429, f"upstream {upstream} is rate limited: {why}", headers,
-                                    type_="rate_limit_error", code="rate_limit_exceeded")
-            return RelayedLimit(503, f"upstream {upstream} is unavailable: {why}", headers,
-                                type_="service_unavailable", code="upstream_unavailable")
-        return APIError(502, f"upstream {upstream} failed: {why}", type_="upstream_error", code="upstream_failed")
-
-
-# How long a client asked for an adapter no replica lists yet is told to wait: the router reads each
-# replica's adapters every replicas.MODELS_S, and the operator loads a declared adapter within seconds.
-ADAPTER_RETRY_AFTER_S = 5
-
-
-class AdapterUnavailable(UpstreamFailed):
-    """No replica of the upstream lists the adapter the call asks for: the next tier may answer; when none
-    can, a 503 with Retry-After naming the adapter and why (code `adapter_not_loaded`). Not a 404: the
-    adapter is declared (an undeclared one is a 404 at plan time), so it is expected to be loaded shortly,
-    and clients retry a 503 after its Retry-After (the openai SDKs do) but never a 404."""
-
-    def __init__(self, missing: AdapterMissing) -> None:
-        super().__init__(str(missing), Verdict("escalate", str(missing), status=503,
-                                               retry_after=ADAPTER_RETRY_AFTER_S, kind="adapter_not_loaded"))
-        self.adapter = missing.adapter
-
-    def client_error(self, upstream: str) -> APIError:
-        return RelayedLimit(503, f"{self} (retry after Retry-After)",
-                            {"retry-after": str(ADAPTER_RETRY_AFTER_S)}, type_="service_unavailable",
-                            code="adapter_not_loaded")
-
-
-class RelayedLimit(APIError):
-    """An APIError answered with headers (Retry-After), so the client's SDK backs off as asked."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str], type_: str, code: str) -> None:
-        super().__init__(status, message, type_=type_, code=code, headers=headers)
-
-
-class UpstreamRejected(Exception):
-    """The upstream refused the request itself (4xx): relayed to the client as is."""
-
-    def __init__(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(f"upstream answered {status}")
-        self.status, self.body = status, body
-        self.headers = dict(headers or {})  # its content-type and request id go to the client too
-
-
-class IdleTimeout(TimeoutError):
-    """The upstream went silent for longer than its idle timeout after its answer had started."""
-
-
-def provider_of(up: Upstream) -> Any:
-    return anthropic if up.provider == "anthropic" else openai_compat
 
 
 def missing_key(up: Upstream) -> str | None:

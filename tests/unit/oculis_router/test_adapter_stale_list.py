@@ -15,7 +15,8 @@ from oculis import RouterConfig
 from oculis_router.adapters import with_adapter
 from oculis_router.metrics import Metrics
 from oculis_router.pick import Fleet, Replica
-from oculis_router.upstreams import AdapterUnavailable, Caller
+from oculis_router.upstreams import Caller
+from oculis_router.verdicts import AdapterUnavailable
 
 ANSWER = {"id": "x", "object": "chat.completion", "model": "sql", "usage": {"prompt_tokens": 3, "completion_tokens": 1},
           "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}

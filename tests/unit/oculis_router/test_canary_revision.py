@@ -9,7 +9,7 @@ import yaml
 from oculis import ConfigError, Upstream, parse_config
 from oculis.router import ResponseCache
 from oculis_router import cache as rcache
-from oculis_router.upstreams import at_revision, revision
+from oculis_router.revisions import at_revision, revision
 
 STABLE = "http://llama-vllm.ns.svc:8000/v1"
 CANARY = "http://llama-vllm-canary.ns.svc:8000/v1"

@@ -12,7 +12,7 @@ from oculis_router.pick import AdapterMissing, Fleet, Pool, Replica, adapter_of
 from oculis_router.picking import LoraSlots
 from oculis_router.relay import account
 from oculis_router.replicas import engine_figures, found, listed_adapters
-from oculis_router.upstreams import AdapterUnavailable, failure_kind
+from oculis_router.verdicts import AdapterUnavailable, failure_kind
 
 BODY = {"model": "sql", "messages": [{"role": "user", "content": "select " * 40}], "max_tokens": 8}
 CONFIG = {"upstreams": [{"name": "llama", "provider": "vllm", "adapters": ["sql", "support"],
@@ -126,7 +126,7 @@ def test_an_adapter_calls_cost_is_counted_per_adapter_too() -> None:
 
 def test_a_canary_without_the_adapter_yet_sends_the_call_to_stable() -> None:
     from oculis_router.adapters import with_adapter
-    from oculis_router.upstreams import Revisions
+    from oculis_router.revisions import Revisions
 
     cfg = RouterConfig.model_validate({"upstreams": [{
         "name": "llama", "provider": "vllm", "adapters": ["sql"], "base_url": "http://llama.ns.svc:8000/v1",

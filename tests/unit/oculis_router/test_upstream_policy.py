@@ -10,15 +10,8 @@ import pytest
 
 from oculis import ConfigError, SemanticTier, Timeouts, Upstream, parse_config
 from oculis.upstream import GPUUpstreamSpec
-from oculis_router.upstreams import (
-    RETRY_AFTER_WAIT_MAX_S,
-    Limits,
-    UpstreamFailed,
-    Verdict,
-    judge,
-    limits,
-    retry_after_seconds,
-)
+from oculis_router.upstreams import Limits, limits
+from oculis_router.verdicts import RETRY_AFTER_WAIT_MAX_S, UpstreamFailed, Verdict, judge, retry_after_seconds
 
 NOW = datetime(2026, 12, 1, 8, 0, 0, tzinfo=UTC)
 
