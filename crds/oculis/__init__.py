@@ -6,20 +6,17 @@ from oculis.router import (
     Classifier,
     ConfigError,
     Escalation,
-    Pricing,
-    PromptCache,
     ResponseCache,
     Route,
     RouterConfig,
     SemanticTier,
     ServerSettings,
     TierMatch,
-    Timeouts,
-    Upstream,
     Verifier,
     load_config,
     parse_config,
 )
+from oculis.router_upstream import Pricing, PromptCache, Timeouts, Upstream
 
 __version__ = "0.1.0"
 

@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from oculis.adapters import LoraRank
 from oculis.base import Model
-from oculis.router import NAME_PATTERN
+from oculis.router_upstream import NAME_PATTERN
 
 
 class ModelConfig(Model):

@@ -14,7 +14,8 @@ from pydantic import Field, field_validator, model_validator
 
 from oculis.base import Model
 from oculis.condition import Condition
-from oculis.router import NAME_PATTERN, Classifier, RouteBody, SemanticTier, TierMatch
+from oculis.router import Classifier, RouteBody, SemanticTier, TierMatch
+from oculis.router_upstream import NAME_PATTERN
 
 DEFAULT_CONFIG_MAP = "oculis-router-config"
 # A GPUUpstream's name: a DNS-1035 label (its Service must be able to exist), in the route's namespace.

@@ -23,7 +23,7 @@ from oculis.engine import Speculative as Speculative  # re-exported: oculis_sim 
 from oculis.formats import LABEL_VALUE, LABEL_VALUE_RULE, key_problem
 from oculis.placement import GPU, Resources, Toleration
 from oculis.rollout import ROLLOUT_STUCK, Rollout
-from oculis.router import DEFAULT_PICKER, NAME_PATTERN, PickerName, Pricing, Provider, Timeouts
+from oculis.router_upstream import DEFAULT_PICKER, NAME_PATTERN, PickerName, Pricing, Provider, Timeouts
 from oculis.vllm_flags import PINNED_VLLM, VLLM_IMAGE, removed_flag_problem, vllm_version
 
 # Kubernetes names of the Deployment/Service we derive ("<name>-vllm") must stay within 63 chars.

@@ -14,7 +14,7 @@ from typing import Any
 
 from oculis.adapters import LORA_FLAGS, lora_args
 from oculis.engine import Engine
-from oculis.router import KV_EVENTS_PORT
+from oculis.router_upstream import KV_EVENTS_PORT
 from oculis.upstream import GPUUpstreamSpec
 from oculis.vllm_flags import VLLM_IMAGE as VLLM_IMAGE  # the pinned engine, rendered when spec.image is unset
 from oculis.vllm_flags import flag_name

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from oculis import gpus
 from oculis.base import format_errors
 from oculis.rollout import Canary
-from oculis.router import PROVIDER_URLS
+from oculis.router_upstream import PROVIDER_URLS
 from oculis.upstream import DNS_1035, MAX_NAME, GPUUpstreamSpec
 from oculis_operator import (
     adapter_loading,

@@ -15,7 +15,7 @@ from typing import Any
 
 from oculis import gpus
 from oculis.adapters import RUNTIME_LORA_ENV, adapter_volumes
-from oculis.router import KV_EVENTS_PORT
+from oculis.router_upstream import KV_EVENTS_PORT
 from oculis.upstream import GPUUpstreamSpec
 from oculis_operator.engine_args import PORT, VLLM_IMAGE, publishes_kv_events
 

@@ -52,7 +52,8 @@ from pydantic import ValidationError
 
 from oculis.base import format_errors
 from oculis.inferenceroute import HEADS_DIR, InferenceRouteSpec
-from oculis.router import NAME_PATTERN, RouterConfig, Upstream
+from oculis.router import RouterConfig
+from oculis.router_upstream import NAME_PATTERN, Upstream
 from oculis_operator.route_upstreams import (
     NOT_READY,
     PROGRESSING,

@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from oculis.router import AnswerCheck, Pricing, Route, Upstream, Verifier
+from oculis.router import AnswerCheck, Route, Verifier
+from oculis.router_upstream import Pricing, Upstream
 from oculis_router.content import content_text
 from oculis_router.usage import Usage, cost_dollars
 

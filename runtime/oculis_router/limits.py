@@ -28,7 +28,8 @@ from typing import Any, Literal
 
 from starlette.responses import JSONResponse
 
-from oculis.router import Budget, LimitMatch, LimitOverride, Limits, Pricing, Route, ServerSettings
+from oculis.router import Budget, LimitMatch, LimitOverride, Limits, Route, ServerSettings
+from oculis.router_upstream import Pricing
 from oculis_router.answer_check import Grading
 from oculis_router.errors import APIError
 from oculis_router.usage import Usage, cost_dollars

@@ -29,7 +29,8 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from oculis.router import Pricing, Route, ServerSettings
+from oculis.router import Route, ServerSettings
+from oculis.router_upstream import Pricing
 from oculis_router import limits as L
 from oculis_router.answer_check import Grading
 from oculis_router.cache import drop_idle

@@ -30,7 +30,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from oculis import RouterConfig, Upstream
-from oculis.router import EXTERNAL_PROVIDERS
+from oculis.router_upstream import EXTERNAL_PROVIDERS
 from oculis_router.endpoints import LOOPBACK, EndpointResolver
 from oculis_router.pick import Fleet, Replica
 from oculis_router.picking import LoraSlots, slots_from_labels

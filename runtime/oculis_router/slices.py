@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from oculis.router import KV_EVENTS_PORT
+from oculis.router_upstream import KV_EVENTS_PORT
 from oculis_router.pick import Replica
 from oculis_router.replicas import at_address
 

@@ -36,7 +36,7 @@ import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from oculis import Timeouts, Upstream
-from oculis.router import DEFAULT_CONNECT_SECONDS, DEFAULT_FIRST_BYTE_SECONDS, DEFAULT_IDLE_SECONDS
+from oculis.router_upstream import DEFAULT_CONNECT_SECONDS, DEFAULT_FIRST_BYTE_SECONDS, DEFAULT_IDLE_SECONDS
 from oculis_router import strictjson
 from oculis_router.pick import Fleet, Lease
 from oculis_router.providers import anthropic, relayed_headers

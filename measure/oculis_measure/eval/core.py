@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from oculis import Route
-from oculis.router import Upstream
+from oculis.router_upstream import Upstream
 from oculis_measure.route import cascade
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from oculis import Route
-from oculis.router import Upstream
+from oculis.router_upstream import Upstream
 from oculis_measure.route import cascade
 
 

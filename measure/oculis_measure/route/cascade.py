@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oculis import Pricing, Route
-from oculis.router import Upstream
+from oculis.router_upstream import Upstream
 from oculis_router.answer_check import ANSWER_REASONS, SELF_HOSTED, Grading, replaceable, verifier_for
 from oculis_router.usage import Usage, cost_dollars
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from oculis import Pricing, Route
-from oculis.router import Upstream
+from oculis.router_upstream import Upstream
 from oculis_measure.cost.core import VERIFIER_TIER, Cell, Counters, cells, reprice
 from oculis_measure.route import cascade
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from oculis import Upstream
-from oculis.router import ConfigError, Endpoint, parse_config
+from oculis.router import ConfigError, parse_config
+from oculis.router_upstream import Endpoint
 
 
 def config(upstream: str) -> str:

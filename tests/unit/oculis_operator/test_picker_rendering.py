@@ -12,7 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from oculis import crdgen
-from oculis.router import KV_EVENTS_PORT, RouterConfig
+from oculis.router import RouterConfig
+from oculis.router_upstream import KV_EVENTS_PORT
 from oculis.upstream import PICKER_EXTERNAL, TOKENIZER_EXTERNAL, TOKENIZER_RELATIVE, GPUUpstreamSpec
 from oculis_operator import engine_args, render
 from oculis_operator.upstream_entry import upstream_entry
