@@ -32,9 +32,13 @@ EndpointsError = EndpointMapError  # the router's name for it (cli serve, tests)
 Pod = PodPort
 
 
-def parse_endpoints(text: str, source: str) -> dict[str, tuple[int, ...]]:
+def ports_of(served: dict[str, Served]) -> dict[str, tuple[int, ...]]:
     """host -> loopback ports (possibly none: the host is known but nothing serves it right now)."""
-    return {host: served.ports for host, served in parse(text, source).items()}
+    return {host: s.ports for host, s in served.items()}
+
+
+def parse_endpoints(text: str, source: str) -> dict[str, tuple[int, ...]]:
+    return ports_of(parse(text, source))
 
 
 def replicas_of(served: dict[str, Served]) -> dict[str, list[Pod]]:
@@ -66,8 +70,7 @@ class EndpointResolver(AbstractResolver):
         self.fallback = fallback or DefaultResolver()
         self._stamp: tuple[int, int] | None = None
         served = load_endpoints(path)  # a bad file fails at start
-        self._table = {host: s.ports for host, s in served.items()}
-        self._pods = replicas_of(served)
+        self._table, self._pods = ports_of(served), replicas_of(served)
         self._stamp = self._stat()
         self._rejected: str | None = None
         self._turn = itertools.count()
@@ -85,7 +88,7 @@ class EndpointResolver(AbstractResolver):
         if stamp is not None and stamp != self._stamp:
             try:
                 served = load_endpoints(self.path)
-                self._table, self._pods = {host: s.ports for host, s in served.items()}, replicas_of(served)
+                self._table, self._pods = ports_of(served), replicas_of(served)
                 self._stamp, self._rejected = stamp, None
             except EndpointsError as exc:
                 if str(exc) != self._rejected:

@@ -94,8 +94,9 @@ def engine_env(kv_cache_gib: int | None = 1) -> dict[str, str]:
            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
            # vLLM's default binds its worker's threads to a core; on a 2-core machine that starved every other
            # process (the router, the test's client, a monitor in a process of its own) for the whole of a
-           # generation, 1.2 s at a time, so a router could not see its client leave (measured: 12 of 20 tries
-           # bound, 0 of 10 unbound). An explicit setting in the environment wins.
+           # generation, 1.2 s at a time, so a router could not see its client leave (measured: 2 to 9 of 10
+           # abandoned answers ran to the end per run bound, 0 of 10 unbound). An explicit setting in the
+           # environment wins.
            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     return env if kv_cache_gib is None else {**env, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
