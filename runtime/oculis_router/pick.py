@@ -135,11 +135,13 @@ class Lease:
         self.replica.queued_tokens = max(0, self.replica.queued_tokens - self.queued)
         self.queued = 0
 
-    def failed(self) -> None:
-        self.replica.aside_until = time.monotonic() + ASIDE_S
+    def failed(self, retry_after: float | None = None) -> None:
+        """Set the replica aside for ASIDE_S, or as long as its engine asked (a 503/429's Retry-After)."""
+        aside = max(ASIDE_S, retry_after or 0.0)
+        self.replica.aside_until = time.monotonic() + aside
         self.pool.metrics.replica_failures.labels(self.pool.name, self.replica.id).inc()
         log.warning("replica %s of upstream %s failed a call: set aside for %g s", self.replica.id,
-                    self.pool.name, ASIDE_S)
+                    self.pool.name, aside)
         self.release()
 
     def release(self) -> None:

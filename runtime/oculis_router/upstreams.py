@@ -210,7 +210,14 @@ class Caller:
             result = await attempt(rev, request, lease)
         except BaseException as exc:
             if lease is not None:
-                lease.failed() if replica_fault(exc) else lease.release()
+                v = exc.verdict if isinstance(exc, Retryable | UpstreamFailed) else None
+                lease.failed(v.retry_after if v else None) if replica_fault(exc) else lease.release()
+                if isinstance(exc, UpstreamFailed) and v is not None and v.status in (429, 503) \
+                        and revs.another_replica():
+                    # One replica's 503/429 with a long Retry-After says that replica is busy, not the
+                    # upstream: another ready replica of it takes the call before the tier escalates or the
+                    # client sees the refusal (QA3 Part 2 #1).
+                    raise Retryable(replace(v, action="retry", wait=None)) from exc
                 if lease.adapter is not None and isinstance(exc, UpstreamRejected) and exc.status == 404:
                     # vLLM's "model does not exist": the adapter left that engine since its list was read.
                     # Struck from the list there, the call tries a replica that lists it (or is told none does).
