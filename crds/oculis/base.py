@@ -9,7 +9,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
-
 # Names of upstreams, routes and tiers: DNS labels, so each can be a Kubernetes object's name and a metric label.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 NAME_RULE = ("not a name: use lowercase letters, digits and '-', starting and ending with a letter or digit, at most "
