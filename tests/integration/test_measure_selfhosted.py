@@ -64,6 +64,14 @@ def test_cache_advise_reads_a_self_hosted_engines_prefix_cache(tmp_path: Path,
         # five of six requests reuse the long system prompt's blocks
         assert rep["prefix_hit_token_share"] is not None and 0.5 < rep["prefix_hit_token_share"] < 1, rep
         assert rep["verdict"] == "pays", rep
+        # QA3 Part 2 #6: one multiplier given switched the data to the router's (empty) cached-token counter and
+        # the other multiplier to the pricing's r 1: "0.0%, no-reuse" or "does-not-pay" for the same window.
+        for flag, value in (("--read-multiplier", "0.1"), ("--write-multiplier", "1.25")):
+            code = main(["cache", "advise", "--upstream", "llama-sim", "--since", "10m", "--config", str(cfg),
+                         "--prometheus-url", purl, "-o", "json", flag, value])
+            flagged = json.loads(capsys.readouterr().out)
+            assert code == 0 and flagged["prefix_hit_token_share"] == rep["prefix_hit_token_share"], flagged
+            assert flagged["verdict"] == "pays" and flag in flagged["multipliers_from"], flagged
         # The engine goes (scaled to zero, or its pod replaced): its traffic still counts for the window.
         sim.terminate()
         sim.wait(10)
