@@ -279,7 +279,9 @@ class StandIn:
     def _start(self, pod: PodView) -> None:
         gpu = self.gpu_of(pod.node) if pod.node else None
         port, kv_port = free_port(), free_port()
-        argv, env = sim_argv(self.oculis, pod, port, gpu, kv_port), {**os.environ, **dict(pod.env)}
+        # OCULIS_SIM_POD_PATHS: the pod's --lora-modules paths are its volumes, absent on this machine
+        argv, env = sim_argv(self.oculis, pod, port, gpu, kv_port), {**os.environ, **dict(pod.env),
+                                                                     "OCULIS_SIM_POD_PATHS": "1"}
         kv = f"tcp://{LOOPBACK}:{kv_port}" if kv_events_override(pod, kv_port) else None
         if pod.real:
             try:
