@@ -156,6 +156,14 @@ class Stream:
 
 
 NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+def network_reason(exc: BaseException) -> str:
+    """A failed connection's reason with the address it could not reach (QA3 Part 2 #24: the client's 502 said
+    only `ClientConnectorError`, naming neither the replica nor the port); never the exception's own text."""
+    if isinstance(exc, aiohttp.ClientConnectorError):  # refused, unresolvable, unreachable
+        return f"{type(exc).__name__} ({exc.host}:{exc.port})"
+    return type(exc).__name__
 T = TypeVar("T")
 
 
@@ -325,7 +333,7 @@ class Caller:
                     raise
                 resp.release()
             except NETWORK_ERRORS as exc:
-                raise Retryable(Verdict("retry", type(exc).__name__)) from exc
+                raise Retryable(Verdict("retry", network_reason(exc))) from exc
             if resp.status >= 400:
                 self._refuse(up, resp.status, resp.headers, content, at)
             try:  # strict: NaN, lone surrogates or deep nesting could not be relayed (a 500 later)
@@ -384,11 +392,11 @@ class Caller:
                     resp.close()  # half-read: never back into the pool
                 if first_byte.expired():
                     raise self._timed_out(up, self._late(lim), at, rev) from exc
-                raise Retryable(Verdict("retry", type(exc).__name__)) from exc
+                raise Retryable(Verdict("retry", network_reason(exc))) from exc
             except NETWORK_ERRORS as exc:
                 if resp is not None:
                     resp.close()
-                raise Retryable(Verdict("retry", type(exc).__name__)) from exc
+                raise Retryable(Verdict("retry", network_reason(exc))) from exc
             assert resp is not None
             if not first:
                 resp.release()
