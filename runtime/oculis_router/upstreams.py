@@ -149,6 +149,12 @@ class Stream:
         if self.lease is not None:
             self.lease.release()
 
+    def replica_failed(self) -> None:
+        """The replica broke the stream after its first chunk (reset, killed, silent): counted in
+        oculis_replica_failures_total and set aside like a failed attempt (QA3 Part 2 #23)."""
+        if self.lease is not None:
+            self.lease.failed()
+
     def release(self) -> None:
         self.resp.release()
         if self.lease is not None:
