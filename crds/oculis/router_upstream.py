@@ -8,7 +8,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from oculis.adapters import AdapterName
-from oculis.base import NAME_PATTERN, Model
+from oculis.base import NAME_PATTERN as NAME_PATTERN  # re-exported: the name rule's long-standing home
+from oculis.base import Model
 
 Provider = Literal["vllm", "openai", "anthropic", "openai-compatible"]
 # Where a hosted provider answers when no base URL is given.

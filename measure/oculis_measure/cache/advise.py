@@ -149,12 +149,12 @@ def advise_self_hosted(upstream: str, hit_tokens: float | None, query_tokens: fl
     (vllm:prefix_cache_hits / vllm:prefix_cache_queries, in tokens). Multipliers other than those (flags)
     are judged by `advise` on the same engine counters: the data never changes with the flags."""
     if m != SELF_HOSTED:
-        out = advise(upstream, m, Observed(query_tokens or 0.0, hit_tokens or 0.0, None), input_per_mtok)
+        judged = advise(upstream, m, Observed(query_tokens or 0.0, hit_tokens or 0.0, None), input_per_mtok)
         if query_tokens and hit_tokens is not None:
-            out.update(prefix_hit_token_share=round(hit_tokens / query_tokens, 4), prefix_hit_tokens=int(hit_tokens),
-                       prefix_query_tokens=int(query_tokens),
-                       observed_from="the engines' vllm:prefix_cache_hits / vllm:prefix_cache_queries")
-        return out
+            judged.update(prefix_hit_token_share=round(hit_tokens / query_tokens, 4),
+                          prefix_hit_tokens=int(hit_tokens), prefix_query_tokens=int(query_tokens),
+                          observed_from="the engines' vllm:prefix_cache_hits / vllm:prefix_cache_queries")
+        return judged
     be = break_even_hits(1.0, 0.0)
     out: dict[str, Any] = {
         "upstream": upstream, "write_multiplier": 1.0, "read_multiplier": 0.0,
