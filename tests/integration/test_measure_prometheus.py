@@ -148,7 +148,8 @@ def test_route_analyze_since_gives_the_seed_table_from_the_routers_counters(
     code, text = _json(capsys, ["route", "analyze", "--route", "adaptive", "--since", "15m", "--config",
                                 str(world.config), "--prometheus-url", world.prom])
     assert code == 0 and "est_monthly = window cost x 30 d" in text and "saving vs all-complex" in text
-    assert "escalation rate:" in text and "requests the route answered" in text
+    # "took, any outcome" with the answered count beside it: errors are no answers (QA3 Part 2 #8)
+    assert "escalation rate:" in text and "requests the route took, any outcome" in text and "answered" in text
 
 
 def test_cost_report_agrees_with_the_cost_metric(world: World, capsys: pytest.CaptureFixture[str]) -> None:
