@@ -39,7 +39,7 @@ from oculis_router.epp.decisions import (
 )
 from oculis_router.errors import APIError
 from oculis_router.metrics import Metrics
-from oculis_router.pick import Fleet, Lease, Pool, adapter_of
+from oculis_router.pick import AdapterMissing, Fleet, Lease, Pool, adapter_of
 from oculis_router.plan import headers as plan_headers
 from oculis_router.plan import plan_request
 from oculis_router.replicas import SliceSource
@@ -233,7 +233,13 @@ class Picker:
             raise shedding(f"upstream {up.name!r}", self.shed_waiting or math.inf)
         revision = live[next(iter(ok))].revision
         tokenizer = model_tokens.load(up.tokenizer) if up.tokenizer else None
-        lease = pool.lease(body, endpoint or "completions", revision, set(), adapter_of(up), tokenizer, only=ok)
+        try:
+            lease = pool.lease(body, endpoint or "completions", revision, set(), adapter_of(up), tokenizer, only=ok)
+        except AdapterMissing as exc:  # as the router answers it: the adapter may still be loading
+            if self.route is not None:
+                return None  # the next tier of the route may serve
+            raise APIError(503, str(exc), type_="service_unavailable", code="adapter_not_loaded",
+                           headers={"retry-after": "5"}) from None
         if lease is None:
             return None
         picked = addresses[lease.replica.id]
