@@ -163,6 +163,11 @@ def test_fallback_list_subset_hint_served_endpoint_and_health(sims: list[str], t
         s.send(ep.ProcessingRequest(response_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
             base_pb2.HeaderValue(key=":status", raw_value=b"200")])), metadata_context=served))
         assert s.read().HasField("response_headers")
+        # a proxy that streams the response body through the picker (FULL_DUPLEX_STREAMED) gets it back as sent
+        for piece, end in ((b"data: {}\n\n", False), (b"data: [DONE]\n\n", True)):
+            s.send(ep.ProcessingRequest(response_body=ep.HttpBody(body=piece, end_of_stream=end)))
+            back = s.read().response_body.response.body_mutation.streamed_response
+            assert (back.body, back.end_of_stream) == (piece, end)
         s.close()
         assert metric(metrics, "oculis_epp_served_elsewhere_total") == 1
         assert {destination(pick(port)[0]).split(",")[0] for _ in range(3)} == {other}

@@ -10,6 +10,7 @@ once, before the next probe."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -139,8 +140,6 @@ class Picker:
 
     async def probe(self, http: aiohttp.ClientSession) -> None:
         """Every replica's engine asked for its gauges; the ones that do not answer are down until they do."""
-        import asyncio
-
         reps = [(p.name, r) for p in self.pools() for r in list(p.replicas.values())]
         oks = await asyncio.gather(*(replicas.scrape(http, r) for _, r in reps))
         for (pool, r), ok in zip(reps, oks, strict=True):
@@ -178,7 +177,11 @@ class Picker:
             sent, checked = parse_body(raw or b"", endpoint, cfg.max_messages)
         if self.route is None:
             assert self.upstream is not None
-            up = self.holder.current.upstreams[self.upstream]
+            up = self.holder.current.upstreams.get(self.upstream)
+            if up is None:  # a reload dropped it: nothing to pick until the config names it again
+                raise APIError(503, f"upstream {self.upstream!r} is no longer in the router config; restore it or "
+                               "point the InferencePool at another picker", type_="service_unavailable",
+                               code="no_replica", headers={"retry-after": "5"})
             d = self._lease(up, checked, endpoint, subset)
             if d is None:
                 raise self._none(up, subset)
@@ -196,6 +199,10 @@ class Picker:
                 if (d := self._lease(up, {}, None, subset)) is not None:
                     return d
             raise self._none(ups[0] if ups else None, subset)
+        if self.route not in rt.routes:
+            raise APIError(503, f"route {self.route!r} is no longer in the router config; restore it or point the "
+                           "InferencePool at another picker", type_="service_unavailable", code="no_replica",
+                           headers={"retry-after": "5"})
         plan = plan_request(rt, {**checked, "model": self.route}, self.metrics, endpoint)
         for i, up in enumerate(plan.tiers):
             if up.provider in EXTERNAL_PROVIDERS:
