@@ -65,7 +65,6 @@ def run(args: argparse.Namespace) -> int:
             return _fail(str(exc))
     from prometheus_client import start_http_server
 
-    from oculis_router.endpoints import EndpointResolver
     from oculis_router.epp.core import Picker, target_problem
     from oculis_router.epp.server import serve
     from oculis_router.metrics import Metrics
@@ -91,11 +90,10 @@ def run(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"oculis epp: {problem[1]}", file=sys.stderr)
             return problem[0]
-    resolver = EndpointResolver(args.endpoints) if args.endpoints is not None else None
     picker = Picker(holder, metrics, upstream=args.upstream, route=args.route, fallbacks=args.fallbacks,
-                    shed_waiting=args.shed_waiting, resolver=resolver)
+                    shed_waiting=args.shed_waiting)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(picker, args.host, args.port))
+        asyncio.run(serve(picker, args.host, args.port, endpoints=args.endpoints))
     return 0

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import grpc
@@ -24,6 +25,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from oculis_router.endpoints import EndpointResolver
 from oculis_router.epp import messages
 from oculis_router.epp.core import Decision, Picker
 from oculis_router.epp.decisions import DESTINATION, SERVED_KEY, endpoint_of
@@ -143,8 +145,12 @@ async def keep_current(picker: Picker, http: aiohttp.ClientSession, status: heal
         await asyncio.sleep(SYNC_S)
 
 
-async def serve(picker: Picker, host: str, port: int, reload_interval: float = 1.0) -> None:
-    """Serve until cancelled (SIGTERM/SIGINT end the process; in-flight streams get a short grace)."""
+async def serve(picker: Picker, host: str, port: int, reload_interval: float = 1.0,
+                endpoints: Path | None = None) -> None:
+    """Serve until cancelled (SIGTERM/SIGINT end the process; in-flight streams get a short grace).
+    `endpoints`: an endpoint map (as `oculis serve --endpoints`), read within the event loop."""
+    if endpoints is not None:
+        picker.resolver = EndpointResolver(endpoints)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 8 * 1024 * 1024),
                                       ("grpc.max_send_message_length", 8 * 1024 * 1024)])
     ep_grpc.add_ExternalProcessorServicer_to_server(Processor(picker), server)

@@ -102,3 +102,21 @@ def test_bad_bodies_are_refused_before_any_pick() -> None:
             p.decide("chat", raw, None)
         assert e.value.status == status
     assert all(r.in_flight == 0 for pool in p.pools() for r in pool.replicas.values())
+
+
+async def test_the_endpoint_map_gives_the_pods_of_an_in_cluster_upstream(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from oculis_router.endpoints import EndpointResolver
+
+    path = Path(str(tmp_path)) / "endpoints.yaml"
+    path.write_text("llama-8b-vllm.demo.svc: {ports: [7101, 7102], namespace: demo, "
+                    "pods: [{pod: llama-a, port: 7101}, {pod: llama-b, port: 7102}]}\n")
+    cfg = parse_config("oculis: {upstreams: [{name: llama, provider: vllm, model: m, "
+                       "base_url: 'http://llama-8b-vllm.demo.svc:8000/v1'}]}", "test")
+    holder = ConfigHolder(None, Metrics(), cfg)
+    p = Picker(holder, holder.metrics, upstream="llama", resolver=EndpointResolver(path))
+    p.sync()
+    assert {p.decide("chat", CHAT, None).lease.replica.id for _ in range(8)} <= {"llama-a", "llama-b"}
+    assert {r.url for pool in p.pools() for r in pool.replicas.values()} == {
+        "http://127.0.0.1:7101/v1", "http://127.0.0.1:7102/v1"}
