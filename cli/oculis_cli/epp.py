@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -94,6 +93,5 @@ def run(args: argparse.Namespace) -> int:
                     shed_waiting=args.shed_waiting)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(picker, args.host, args.port, endpoints=args.endpoints))
+    asyncio.run(serve(picker, args.host, args.port, endpoints=args.endpoints))
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ log = logging.getLogger("oculis.epp")
 EXT_PROC = "envoy.service.ext_proc.v3.ExternalProcessor"
 PROBE_S = 1.0  # replicas probed (and their gauges read) this often
 SYNC_S = 0.25  # the replica sources re-read this often (as the router does)
+STOP_GRACE_S = 5.0
 
 
 @dataclass
@@ -147,7 +149,7 @@ async def keep_current(picker: Picker, http: aiohttp.ClientSession, status: heal
 
 async def serve(picker: Picker, host: str, port: int, reload_interval: float = 1.0,
                 endpoints: Path | None = None) -> None:
-    """Serve until cancelled (SIGTERM/SIGINT end the process; in-flight streams get a short grace).
+    """Serve until SIGTERM or SIGINT (then readiness turns NOT_SERVING and the streams in flight get a grace).
     `endpoints`: an endpoint map (as `oculis serve --endpoints`), read within the event loop."""
     if endpoints is not None:
         picker.resolver = EndpointResolver(endpoints)
@@ -172,10 +174,18 @@ async def serve(picker: Picker, host: str, port: int, reload_interval: float = 1
         picker.sync()
         await server.start()
         log.info("oculis epp: ext_proc and gRPC health on %s:%d for %s", host, port, picker.target)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         try:
-            await server.wait_for_termination()
+            await stop.wait()
+            # A rolling restart: readiness goes first so the proxy stops opening streams here, then the
+            # streams in flight (requests still being answered) get STOP_GRACE_S to end.
+            await status.enter_graceful_shutdown()
+            log.info("oculis epp: stopping (%g s for the streams in flight)", STOP_GRACE_S)
         finally:
             for t in tasks:
                 t.cancel()
             with contextlib.suppress(Exception):
-                await server.stop(5)
+                await server.stop(STOP_GRACE_S)
