@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from oculis import __version__
-from oculis_cli import bench, cache_advise, capacity, classifier, cost, deps, eval_run, route, serve
+from oculis_cli import bench, cache_advise, capacity, classifier, cost, deps, epp, eval_run, route, serve
 
 
 class Parser(argparse.ArgumentParser):
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     route.register(sub)
     capacity.register(sub)
     serve.register(sub)
+    epp.register(sub)
     bench.register(sub)
     eval_run.register(sub)
     cost.register(sub)

@@ -194,8 +194,9 @@ def canary_service(name: str, namespace: str, uid: str) -> dict[str, Any]:
 
 
 # Gateway API Inference Extension: a pool of model-server pods a Gateway routes to (rendered only where
-# the cluster has the CRD). No endpointPickerRef: the Oculis router picks for its own traffic; an
-# ext_proc picker on the same core (oculis_router.picking) can be named here later.
+# the cluster has the CRD). No endpointPickerRef: the Oculis router picks for its own traffic. A Gateway that
+# should pick through `oculis epp` gets its own pool over the same pods from the chart (templates/epp.yaml,
+# epp.pools: selector and port as here; e2e/tests/test_chart_epp.py keeps the two equal).
 INFERENCE_POOL = ("inference.networking.k8s.io", "v1", "inferencepools")
 
 

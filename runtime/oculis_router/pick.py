@@ -26,7 +26,7 @@ import logging
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -250,12 +250,15 @@ class Pool:
 
     def lease(self, body: dict[str, Any], endpoint: str, revision: str, tried: set[str],
               adapter: str | None = None, tokenizer: ModelTokens | None = None,
-              tokenized: Tokenized | None = None) -> Lease | None:
+              tokenized: Tokenized | None = None, only: Collection[str] | None = None) -> Lease | None:
         """A replica of `revision` for this attempt (not one this call already tried, while another is
         left), leased; None when the revision has no replica at all (then the base URL is called).
         `adapter`: only replicas that list it (AdapterMissing when none does). `tokenizer`: the
-        upstream's, when it names one; `tokenized`: the prompt's ids with it, computed beforehand."""
+        upstream's, when it names one; `tokenized`: the prompt's ids with it, computed beforehand.
+        `only`: the replica ids that may serve (the endpoint picker's reachable ones and subset hint)."""
         members = self.members(revision)
+        if only is not None:
+            members = [r for r in members if r.id in only]
         if not members:
             return None
         now = time.monotonic()

@@ -135,15 +135,19 @@ def metrics_url(base_url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"{path}/metrics", "", ""))
 
 
-async def scrape(http: aiohttp.ClientSession, r: Replica) -> None:
+async def scrape(http: aiohttp.ClientSession, r: Replica) -> bool:
+    """Read r's engine gauges; whether its engine answered at all (the endpoint picker's probe: a replica
+    that does not answer is not picked)."""
     try:
         async with http.get(metrics_url(r.url), timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)) as resp:
             if resp.status != 200:
-                return
+                return True  # it answered (a /metrics off or guarded is no sign of a dead engine)
             text = await resp.text()
         gauges, block_size, blocks, lora = engine_figures(text)
-    except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError):
-        return  # keep the last figures; the in-flight count still steers
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+        return False  # keep the last figures; the in-flight count still steers
+    except ValueError:
+        return True  # answered, with a page that is not Prometheus text
     r.gauges = gauges
     if block_size:
         r.block_size, r.kv_blocks = block_size, blocks
@@ -152,6 +156,7 @@ async def scrape(http: aiohttp.ClientSession, r: Replica) -> None:
     now = time.monotonic()
     if r.serves_adapters and (r.adapters is None or now - r.models_read_at >= MODELS_S):
         await read_adapters(http, r, now)
+    return True
 
 
 async def read_adapters(http: aiohttp.ClientSession, r: Replica, now: float) -> None:

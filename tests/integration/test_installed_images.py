@@ -52,6 +52,13 @@ def test_installed_router_scores_and_serves_without_kopf(tmp_path: Path) -> None
     no_k8s = subprocess.run([str(venv / "bin" / "python"), "-c", "import kubernetes"], capture_output=True,
                             cwd=tmp_path)
     assert no_kopf.returncode != 0 and no_k8s.returncode != 0
+    # `oculis epp` (the Gateway's endpoint picker) ships in the router image: its gRPC and Envoy protobufs too
+    epp = subprocess.run([oculis, "epp", "--config", str(config), "--upstream", "openai-gpt4o"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=60)
+    assert epp.returncode == 2 and "external provider" in epp.stderr, epp.stderr
+    grpc_ok = subprocess.run([str(venv / "bin" / "python"), "-c", "import oculis_router.epp.server"],
+                             capture_output=True, text=True, cwd=tmp_path)
+    assert grpc_ok.returncode == 0, grpc_ok.stderr
     deps = subprocess.run([oculis, "status", "--check-deps", "--require", "router"], capture_output=True, text=True,
                           cwd=tmp_path, timeout=60)
     assert deps.returncode == 0 and "operator  the Kubernetes operator      missing kopf" in deps.stdout, deps.stdout
