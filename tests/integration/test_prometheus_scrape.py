@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
 import httpx
 import openai
-import pytest
 import yaml
 from router_support import Fakes, start_prometheus
+from skips import needs_command
 from test_router_processes import start_router
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 
 
 def test_prometheus_scrapes_router_metrics(fakes: Fakes, tmp_path: Path) -> None:

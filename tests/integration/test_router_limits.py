@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,8 +19,9 @@ import yaml
 from e2e_support import eventually
 from fake_upstreams import free_port
 from router_support import Fakes, RouterHandle, start_router
+from skips import needs_command
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+pytestmark = needs_command("redis-server", "redis-server")
 
 # The classifier's tokenizer reads this as 10 pieces, as many as the fake upstreams bill: with
 # max_tokens 3 a request reserves exactly what it will use (13), so the limits can be held to a request.

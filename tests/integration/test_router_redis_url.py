@@ -4,7 +4,6 @@ section, as the operator renders it, share the response cache and the rate limit
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -16,8 +15,9 @@ import pytest
 import yaml
 from fake_upstreams import free_port
 from router_support import Fakes, start_router
+from skips import needs_command
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+pytestmark = needs_command("redis-server", "redis-server")
 
 
 @pytest.fixture

