@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import CLUSTER, eventually, localcluster
+from time_scale import Deadline
 
 PORT_NAMES = ("ETCD", "ETCD_PEER", "APISERVER", "CONTROLLER_MANAGER", "SCHEDULER", "KWOK")
 
@@ -102,8 +103,8 @@ def test_down_after_a_crash_leaves_nothing(alt_env: dict[str, str], kubeconfig: 
     assert len(procs_under(state)) >= 3
     down = cluster("down", env=alt_env)
     assert down.returncode == 0, down.stderr
-    deadline = time.monotonic() + 10
-    while procs_under(state) and time.monotonic() < deadline:
+    deadline = Deadline(10)
+    while procs_under(state) and not deadline.expired():
         time.sleep(0.1)
     assert procs_under(state) == []
     assert not state.exists()

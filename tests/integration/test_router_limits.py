@@ -20,6 +20,7 @@ from e2e_support import eventually
 from fake_upstreams import free_port
 from router_support import Fakes, RouterHandle, start_router
 from skips import needs_command
+from time_scale import Deadline
 
 pytestmark = needs_command("redis-server", "redis-server")
 
@@ -33,8 +34,8 @@ def start_redis(port: int, where: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(where)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    deadline = Deadline(10)
+    while not deadline.expired():
         ping = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True)
         if ping.stdout.strip() == "PONG":
             return proc
