@@ -56,3 +56,16 @@ def test_without_ci_every_skip_is_a_skip_with_its_reason_once(tmp_path: Path) ->
     assert {s["cause"] for s in unit["skips"]} == {"inherent", "removable"} and len(unit["skips"]) == 3
     assert doc["tiers"]["integration"] == {"label": "integration", "passed": 0, "failed": 0, "skipped": 0, "ran": 0,
                                            "runnable": True, "skips": []}
+
+
+def test_the_per_test_timeout_scales_with_the_knob(tmp_path: Path) -> None:
+    # pytest-timeout's bound of 1 s, times OCULIS_TEST_TIME_SCALE=4 (and the machine's load): a 2 s test passes.
+    (tmp_path / "tests" / "unit").mkdir(parents=True)
+    (tmp_path / "tests" / "unit" / "test_slow.py").write_text("import time\n\ndef test_two_seconds(): time.sleep(2)\n")
+    env = {**{k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "CI")},
+           "PYTHONPATH": str(SUITE), "OCULIS_TEST_TIERS_JSON": str(tmp_path / "t.json"),
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "OCULIS_TEST_TIME_SCALE": "4"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "pytest_timeout", "-p", "tiers_plugin", "-p",
+                           "no:cacheprovider", "-q", "--timeout", "1", "tests"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout
