@@ -105,6 +105,8 @@ def _json_path(config: pytest.Config) -> Path:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if config.option.collectonly:  # nothing ran: no table to print or to overwrite
+        return
     table = tier_table.tabulate(OUTCOMES.values())
     terminalreporter.section("tiers")
     for line in tier_table.render(table):
