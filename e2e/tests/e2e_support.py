@@ -23,10 +23,17 @@ T = TypeVar("T")
 sys.path.insert(0, str(E2E))
 import localcluster as localcluster  # noqa: E402  (re-exported)
 
+# Every wait of the suite scales in one place (tests/suite/time_scale.py: OCULIS_TEST_TIME_SCALE and load).
+sys.path.insert(1, str(E2E.parent / "tests" / "suite"))
+from time_scale import Deadline, scaled  # noqa: E402
+
+__all__ = ["CLUSTER", "E2E", "Deadline", "eventually", "localcluster", "oculis_serve", "scaled", "serve_pods"]
+
 
 def eventually(probe: Callable[[], T], timeout: float = 60, interval: float = 0.25, what: str = "") -> T:
-    """Call `probe` until it returns a truthy value without raising; fail with the last state."""
-    deadline = time.monotonic() + timeout
+    """Call `probe` until it returns a truthy value without raising; fail with the last state. `timeout` is
+    the wait on an idle machine: it stretches with the machine (time_scale.Deadline)."""
+    deadline = Deadline(timeout)
     last: Any = None
     while True:
         try:
@@ -35,8 +42,9 @@ def eventually(probe: Callable[[], T], timeout: float = 60, interval: float = 0.
                 return last
         except Exception as exc:  # the probe's own assertion or a 404 while the object appears
             last = exc
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or probe}: last {last!r}", pytrace=False)
+        if deadline.expired():
+            pytest.fail(f"timed out after {deadline.describe()} waiting for {what or probe}: last {last!r}",
+                        pytrace=False)
         time.sleep(interval)
 
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from e2e_support import localcluster
+from time_scale import Deadline
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,8 +68,8 @@ class OperatorProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, probe: object, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = Deadline(timeout)
+        while not deadline.expired():
             assert self.proc and self.proc.poll() is None, f"operator exited:\n{self.log()[-3000:]}"
             if callable(probe) and probe():
                 return

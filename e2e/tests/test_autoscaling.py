@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -26,10 +25,11 @@ import pytest
 from e2e_support import CLUSTER, eventually, localcluster, oculis_serve
 from kubernetes import client
 from operator_fixture import free_port
+from skips import needs_command
 from test_gpuupstream import World, upstream
 from test_inferenceroute import route
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 G, V = "oculis.dev", "v1alpha1"
 ENGINE = {"maxModelLen": 8192, "maxNumSeqs": 2, "maxNumBatchedTokens": 4096, "gpuMemoryUtilization": 0.9}
 

@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import subprocess
 import threading
 import uuid
@@ -31,10 +30,11 @@ import pytest
 from e2e_support import eventually, oculis_serve
 from kubernetes import client
 from operator_fixture import free_port
+from skips import needs_command
 from test_gpuupstream import World, upstream
 from test_inferenceroute import route
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 ENGINE = {"maxModelLen": 8192, "maxNumSeqs": 32, "maxNumBatchedTokens": 8192, "gpuMemoryUtilization": 0.9}
 CANARY = {"strategy": "Canary", "canary": {"replicas": 1, "duration": "24s", "interval": "8s", "failureLimit": 0,
                                           "minRequests": 5, "checks": {"maxRegressionPercent": 100}}}

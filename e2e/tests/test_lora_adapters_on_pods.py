@@ -8,7 +8,6 @@ A request through the router for the adapter is answered by the adapter once it 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,11 @@ import httpx
 import pytest
 from e2e_support import eventually, oculis_serve
 from kubernetes import client
+from skips import needs_command
 from test_gpuupstream import World, upstream
 from test_inferenceroute import route
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 G, V = "oculis.dev", "v1alpha1"
 ROUTER_PORT = 31080
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import threading
 import uuid
 from pathlib import Path
@@ -18,9 +17,10 @@ import httpx
 import pytest
 from e2e_support import eventually
 from kubernetes import client
+from skips import needs_command
 from test_gpuupstream import World, upstream
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 
 
 @pytest.fixture

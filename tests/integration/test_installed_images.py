@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 from fake_upstreams import free_port
+from time_scale import Deadline
 
 ROOT = Path(__file__).resolve().parents[2]
 # Exactly what Dockerfile.runtime and Dockerfile.operator copy into their build stages.
@@ -67,7 +68,7 @@ def test_installed_router_scores_and_serves_without_kopf(tmp_path: Path) -> None
     proc = subprocess.Popen([oculis, "serve", "--config", str(config), "--port", str(port), "--metrics-port", "0"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 30
+        deadline = Deadline(30)
         while True:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             try:
@@ -75,7 +76,7 @@ def test_installed_router_scores_and_serves_without_kopf(tmp_path: Path) -> None
                     break
             except httpx.HTTPError:
                 pass
-            assert time.monotonic() < deadline, "the installed router never became ready"
+            assert not deadline.expired(), "the installed router never became ready"
             time.sleep(0.2)
         ids = [m["id"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]]
         assert "adaptive" in ids

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -16,12 +15,13 @@ import yaml
 from e2e_support import eventually
 from fake_upstreams import free_port
 from router_support import start_prometheus
+from skips import needs_command
 from test_router_processes import start_router
 
 from oculis_cli.main import main
 from oculis_measure.prom import Prometheus
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PREFIX = "You are a careful assistant for the Oculis project. " * 30  # the same system prompt every time
 
