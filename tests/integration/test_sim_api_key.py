@@ -67,7 +67,7 @@ def test_the_adapter_sync_and_the_router_use_the_key(tmp_path: Path, monkeypatch
         ports = {("demo", "p0"): port}
         refused, _ = adapter_sync.sync(spec, [pod], adapter_sync.State(), 0.0, ports)  # no key
         assert refused.report is not None and "Unauthorized (HTTP 401)" in str(refused.report)
-        state, lines = adapter_sync.sync(spec, [pod], adapter_sync.State(), 0.0, ports, key=KEY)
+        _, lines = adapter_sync.sync(spec, [pod], adapter_sync.State(), 0.0, ports, key=KEY)
         assert lines == ["Loaded adapter 'sql' on 1 replica(s) (p0) without a restart"]
 
         keys = tmp_path / "engine-keys"

@@ -104,7 +104,7 @@ def test_the_router_entry_names_the_key_file_and_external_providers_keep_their_e
 
 
 def test_access_is_for_self_hosted_upstreams_only() -> None:
-    with pytest.raises(ValueError, match="spec.access applies only to provider vllm"):
+    with pytest.raises(ValueError, match=r"spec\.access applies only to provider vllm"):
         GPUUpstreamSpec.model_validate({"provider": "openai", "model": "gpt-4o", "access": {"apiKey": False}})
     assert spec().engine_api_key and not spec(access={"apiKey": False}).engine_api_key
 
