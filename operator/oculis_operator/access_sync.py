@@ -25,8 +25,8 @@ def ensure_key(kube: Kube, namespace: str, name: str, uid: str) -> str | None:
     if secret is None:
         kube._count()
         try:
-            kube.core.create_namespaced_secret(namespace, engine_access.keys_secret(
-                namespace, name, uid, secrets.token_urlsafe(KEY_BYTES)))
+            body: Any = engine_access.keys_secret(namespace, name, uid, secrets.token_urlsafe(KEY_BYTES))
+            kube.core.create_namespaced_secret(namespace, body)  # the client takes plain dicts as bodies
             return f"Generated the engine API key of {name} in Secret {ENGINE_KEYS_SECRET}"
         except ApiException as exc:
             if exc.status != 409:  # another upstream's reconcile created it meanwhile: add to it below
