@@ -97,3 +97,29 @@ def test_with_namespaces_to_watch_the_namespaced_rights_are_roles_there_only(
     finally:
         for kind, name in made:
             (rbac.delete_namespaced_role if kind == "Role" else rbac.delete_namespaced_role_binding)(name, namespace)
+
+
+def test_the_network_policy_setting_the_chart_renders_is_what_the_operator_parses(tmp_path: Path) -> None:
+    from oculis_operator import engine_access
+
+    values = tmp_path / "v.yaml"
+    values.write_text(yaml.safe_dump({"networkPolicy": {"extraFrom": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}}]}}))
+
+    def setting(*args: str) -> str | None:
+        dep = next(d for d in rendered(*args)
+                   if d["kind"] == "Deployment" and d["metadata"]["name"] == "oculis-operator")
+        env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        return env.get("OCULIS_NETWORK_POLICY")
+
+    peers = engine_access.parse_peers(setting("-f", str(values)))
+    assert peers is not None
+    assert peers.router.namespace == peers.operator.namespace == "oculis-system"
+    assert peers.router.labels == {"app.kubernetes.io/name": "oculis", "app.kubernetes.io/instance": "oculis",
+                                   "app.kubernetes.io/component": "router"}  # the router Deployment's pod labels
+    assert peers.operator.labels["app.kubernetes.io/component"] == "operator"
+    assert peers.monitoring_namespace_labels == {"kubernetes.io/metadata.name": "monitoring"}
+    assert peers.extra_from[0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "gateway"}
+    router = next(d for d in rendered() if d["kind"] == "Deployment" and d["metadata"]["name"] == "oculis-router")
+    assert router["spec"]["template"]["metadata"]["labels"] == peers.router.labels
+    assert setting("--set", "networkPolicy.enabled=false") is None  # off: the operator renders none
