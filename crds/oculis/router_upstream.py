@@ -115,6 +115,11 @@ class Upstream(Model):
     model: str | None = None
     """Model id sent upstream"""
     api_key_env: str | None = Field(None, description="Environment variable holding the API key (never logged)")
+    api_key_file: str | None = Field(None, min_length=1, description="File holding the API key (never logged), "
+                                     "re-read on every call (a mounted Secret's file changes in place); a "
+                                     "relative path is taken from the router's --engine-keys-dir (default "
+                                     "/etc/oculis-engine-keys, where the chart mounts the Secret "
+                                     "oculis-engine-keys). The operator names each self-hosted upstream's key so")
     pricing: Pricing = Field(default_factory=Pricing)
     """Dollars per million tokens"""
     prompt_cache: PromptCache | None = None
@@ -221,6 +226,8 @@ class Upstream(Model):
         if self.provider in ("vllm", "openai-compatible") and not (self.base_url or self.endpoints):
             raise ValueError(f"upstream {self.name!r}: provider {self.provider} needs base_url (e.g. "
                              "http://host:8000/v1) or endpoints")
+        if self.api_key_env and self.api_key_file:
+            raise ValueError(f"upstream {self.name!r}: api_key_env and api_key_file both give its API key; keep one")
         if self.timeout_seconds is not None and self.timeouts and self.timeouts.first_byte_seconds is not None:
             raise ValueError(f"upstream {self.name!r}: timeout_seconds ({self.timeout_seconds:g}) is the deprecated "
                              "name of timeouts.first_byte_seconds; remove timeout_seconds")

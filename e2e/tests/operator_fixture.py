@@ -3,6 +3,7 @@ its validating webhook served on 127.0.0.1 under a throwaway self-signed certifi
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,15 @@ from e2e_support import localcluster
 from time_scale import Deadline
 
 ROOT = Path(__file__).resolve().parents[2]
+# Who may reach the engines, as the chart renders it for a release `oculis` in oculis-system (engine_access.Peers).
+SANDBOX_PEERS = {
+    "router": {"namespace": "oculis-system", "labels": {"app.kubernetes.io/name": "oculis",
+                                                        "app.kubernetes.io/component": "router"}},
+    "operator": {"namespace": "oculis-system", "labels": {"app.kubernetes.io/name": "oculis",
+                                                          "app.kubernetes.io/component": "operator"}},
+    "monitoringNamespaceLabels": {"kubernetes.io/metadata.name": "monitoring"},
+    "extraFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}}],
+}
 
 
 def free_port() -> int:
@@ -48,7 +58,9 @@ class OperatorProcess:
                     # engine pods (LoRA adapter loading) reached at the pod stand-in's loopback ports, never
                     # at their fake pod IPs
                     "OCULIS_ENGINE_ENDPOINTS": str(localcluster.SIM / "endpoints.json"),
-                    "OCULIS_ADAPTER_SECONDS": "1"}
+                    "OCULIS_ADAPTER_SECONDS": "1",
+                    # a NetworkPolicy per GPUUpstream as the chart configures it (the sandbox enforces none)
+                    "OCULIS_NETWORK_POLICY": json.dumps(SANDBOX_PEERS)}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import eventually, oculis_serve
+from e2e_support import engine_auth, eventually, oculis_serve
 from kubernetes import client
 from operator_fixture import free_port
 from skips import needs_command
@@ -60,11 +60,11 @@ class Load:
         pods: list[dict[str, Any]] = [p for h in self.hosts for p in doc.get(h, {}).get("pods", [])]
         return [int(p["port"]) for p in pods]
 
-    @staticmethod
-    def one(port: int) -> None:
+    def one(self, port: int) -> None:
         # a pod going away mid-request: the next round picks the pods that are there
         with contextlib.suppress(httpx.HTTPError):
-            httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30, json={
+            httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                       headers=engine_auth(self.endpoints, self.hosts[0]), json={
                 "model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": f"{uuid.uuid4()} " + "word " * 1500,
                 "max_tokens": 16})  # a fresh first word: no prefix-cache hit hides the prefill
 

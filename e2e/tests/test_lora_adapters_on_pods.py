@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import eventually, oculis_serve
+from e2e_support import engine_auth, eventually, oculis_serve
 from kubernetes import client
 from skips import needs_command
 from test_gpuupstream import World, upstream
@@ -65,7 +65,8 @@ def test_adapters_load_and_unload_on_running_pods_without_a_restart(
     assert "--enable-lora" in argv and "--max-loras=2" in argv and "--lora-modules" not in argv
 
     def adapters_on(port: int) -> dict[str, str]:
-        data = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"]
+        data = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5,
+                         headers=engine_auth(endpoints, "llm")).json()["data"]
         return {m["id"]: m["parent"] for m in data if m.get("parent")}
 
     def status() -> dict[str, Any]:

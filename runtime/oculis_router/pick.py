@@ -72,7 +72,8 @@ class Replica:
     aside_until: float = 0.0
     draining: bool = False
     serves_adapters: bool = False  # its upstream declares LoRA adapters: its /v1/models is read (replicas.py)
-    api_key_env: str | None = None  # its upstream's key variable: an engine run with --api-key guards /v1/models
+    api_key_env: str | None = None  # its upstream's key variable or file: an engine run with --api-key guards
+    api_key_file: str | None = None  # /v1/models (upstream_keys.read_key)
     adapters: frozenset[str] | None = None  # the adapters its engine lists (None: not read yet)
     models_read_at: float = 0.0  # monotonic time of that read
     lora_slots: LoraSlots = field(default_factory=LoraSlots)  # its vllm:lora_requests_info, scraped
@@ -229,7 +230,8 @@ class Pool:
                 log.info("upstream %s: replica %s (%s) joined at %s", self.name, rid, new.revision, new.url)
             else:  # back, or moved (a pod keeps its name, a map entry its port): take the new address
                 old.url, old.revision, old.kv_events, old.draining = new.url, new.revision, new.kv_events, False
-                old.serves_adapters, old.api_key_env = new.serves_adapters, new.api_key_env
+                old.serves_adapters, old.api_key_env, old.api_key_file = new.serves_adapters, new.api_key_env, \
+                    new.api_key_file
         for rid, r in list(self.replicas.items()):
             if rid not in seen and not r.draining:
                 r.draining = True

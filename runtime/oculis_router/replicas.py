@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -34,6 +33,7 @@ from oculis.router_upstream import EXTERNAL_PROVIDERS
 from oculis_router.endpoints import LOOPBACK, EndpointResolver
 from oculis_router.pick import Fleet, Replica
 from oculis_router.picking import LoraSlots, slots_from_labels
+from oculis_router.upstream_keys import read_key
 
 log = logging.getLogger("oculis.router")
 SYNC_S = 0.25
@@ -86,7 +86,7 @@ def found(config: RouterConfig, resolver: EndpointResolver | None, slices: Slice
             out[up.name] = (up.picker_name, reps)
     for up in config.upstreams:  # its replicas' /v1/models say which adapters each one serves
         for r in out.get(up.name, ("", []))[1]:
-            r.serves_adapters, r.api_key_env = bool(up.adapters), up.api_key_env
+            r.serves_adapters, r.api_key_env, r.api_key_file = bool(up.adapters), up.api_key_env, up.api_key_file
     return out
 
 
@@ -161,7 +161,7 @@ async def scrape(http: aiohttp.ClientSession, r: Replica) -> bool:
 
 async def read_adapters(http: aiohttp.ClientSession, r: Replica, now: float) -> None:
     """The adapters r's engine lists (its /v1/models); a failed read keeps the last list."""
-    key = os.environ.get(r.api_key_env) if r.api_key_env else None  # never logged
+    key = read_key(r.api_key_env, r.api_key_file)  # never logged
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         async with http.get(f"{r.url}/models", headers=headers,

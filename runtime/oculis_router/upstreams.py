@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -41,6 +40,7 @@ from oculis_router import strictjson
 from oculis_router.pick import Fleet, Lease
 from oculis_router.providers import anthropic, relayed_headers
 from oculis_router.revisions import REPLICA_HEADER, REVISION_HEADER, Request, Revision, Revisions, provider_of
+from oculis_router.upstream_keys import missing_key
 from oculis_router.verdicts import (
     IdleTimeout,
     Retryable,
@@ -86,15 +86,6 @@ class Attempt:
     retries: int | None = None  # None: the router's default
     timeouts: Timeouts | None = None
     can_escalate: bool = False
-
-
-def missing_key(up: Upstream) -> str | None:
-    """Why `up` cannot be called: its API key variable is named but unset in the router's environment.
-    Said as the router's fault (not relayed as the provider's 401), so the next tier can answer."""
-    if up.api_key_env and not os.environ.get(up.api_key_env):
-        return (f"{up.name}: its API key variable {up.api_key_env} is not set in the router's environment "
-                "(in a cluster: router.secretEnv in the chart)")
-    return None
 
 
 async def _read(resp: aiohttp.ClientResponse, idle: float) -> bytes:
@@ -273,7 +264,8 @@ class Caller:
             raise UpstreamRejected(status, body, headers)
         if v.credential and up.name not in self._refused:
             self._refused.add(up.name)  # once per upstream, not per request; the key itself is never logged
-            where = f"the key in {up.api_key_env}" if up.api_key_env else "its API key (none is set: api_key_env)"
+            where = (f"the key in {up.api_key_env}" if up.api_key_env else f"the key file {up.api_key_file}"
+                     if up.api_key_file else "its API key (none is set: api_key_env)")
             log.warning("upstream %s refused the router's credential (status %d): check %s (in a cluster: "
                         "the GPUUpstream's apiKeySecretRef); requests go to the next tier", up.name, status, where)
         raise UpstreamFailed(f"{up.name}: {v.reason}", v)

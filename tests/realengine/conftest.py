@@ -79,8 +79,12 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     # LoRA adapters (issue 26): one GPU slot, rank up to 8, adapters loaded and unloaded at run time; the
     # test adds its static --lora-modules (the adapters are built at test time).
     "lora": ("--enable-lora", "--max-loras", "1", "--max-lora-rank", "8"),
+    # The LoRA engine keyed as the operator keys it (issue 35): VLLM_API_KEY from the environment.
+    "keyed": ("--enable-lora", "--max-loras", "1", "--max-lora-rank", "8"),
 }
-ENVS: dict[str, dict[str, str]] = {"lora": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}}
+ENVS: dict[str, dict[str, str]] = {"lora": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+                                   "keyed": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                                             "VLLM_API_KEY": "oculis-realengine-" + "k" * 32}}
 
 
 class Engines:
