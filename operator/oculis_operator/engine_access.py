@@ -45,6 +45,9 @@ class Peers(Model):
 
     router: PodsIn
     operator: PodsIn
+    epp: PodsIn | None = None
+    """The release's endpoint pickers (chart epp.pools): they probe /health and scrape /metrics; the
+    Gateway's proxy that sends the requests is one of extra_from"""
     monitoring_namespace_labels: dict[str, str] | None = None
     """Prometheus's namespace, by its labels (e.g. kubernetes.io/metadata.name: monitoring); None: no scrapes"""
     extra_from: list[dict[str, Any]] = Field(default_factory=list)
@@ -76,7 +79,8 @@ def pod_selector(name: str) -> dict[str, Any]:
 def network_policy(name: str, namespace: str, uid: str, spec: GPUUpstreamSpec, peers: Peers) -> dict[str, Any]:
     engine = [{"protocol": "TCP", "port": PORT}]
     ingress: list[dict[str, Any]] = [
-        {"from": [_peer(peers.router), _peer(peers.operator), *peers.extra_from], "ports": engine}]
+        {"from": [_peer(peers.router), _peer(peers.operator), *([_peer(peers.epp)] if peers.epp else []),
+                  *peers.extra_from], "ports": engine}]
     if publishes_kv_events(spec):  # the router subscribes to each engine's ZMQ publisher
         ingress.append({"from": [_peer(peers.router)], "ports": [{"protocol": "TCP", "port": KV_EVENTS_PORT}]})
     if peers.monitoring_namespace_labels:

@@ -45,6 +45,7 @@ from oculis_router.plan import headers as plan_headers
 from oculis_router.plan import plan_request
 from oculis_router.replicas import SliceSource
 from oculis_router.state import ConfigHolder
+from oculis_router.upstream_keys import key_of
 
 log = logging.getLogger("oculis.epp")
 
@@ -64,6 +65,15 @@ class EppMetrics:
         self.served_elsewhere = Counter("oculis_epp_served_elsewhere", "Responses the proxy got from another "
                                         "endpoint than the pick, or from none (the pick is set aside)",
                                         ["upstream"], registry=r)
+
+
+def engine_auth(up: Upstream) -> dict[str, str]:
+    """The engine's own API key as the request's Authorization (`api_key_file`, the Secret oculis-engine-keys
+    mounted by the chart): behind a Gateway the proxy, not the router, calls the engine, and vLLM's
+    --api-key refuses /v1 without it. The client's own credential is the Gateway's to check; it is replaced
+    here, never forwarded to the engine. Never logged."""
+    key = key_of(up) if up.api_key_file else None
+    return {"authorization": f"Bearer {key}"} if key else {}
 
 
 def target_problem(holder: ConfigHolder, upstream: str | None, route: str | None) -> str | None:
@@ -253,7 +263,7 @@ class Picker:
         others = [(addresses[rid], live[rid].in_flight + live[rid].gauges.get("waiting", 0.0))
                   for rid in ok if rid != lease.replica.id]
         dest = fallback_order(picked, others, self.fallbacks)
-        return Decision(Answer(dest, {DESTINATION: ",".join(dest)}), lease, picked)
+        return Decision(Answer(dest, {DESTINATION: ",".join(dest), **engine_auth(up)}), lease, picked)
 
     def served(self, d: Decision, served: str | None, status: str) -> None:
         """The response path: the proxy says which endpoint answered. Another one than the pick (the proxy

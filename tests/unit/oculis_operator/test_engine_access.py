@@ -53,6 +53,15 @@ def test_kv_events_open_their_port_to_the_router_only_and_no_monitoring_means_no
     assert kv["ports"] == [{"protocol": "TCP", "port": 5557}] and kv["from"] == engine["from"][:1]
 
 
+def test_the_release_s_endpoint_pickers_are_let_in_beside_the_router_when_the_chart_renders_them() -> None:
+    """chart epp.pools: the pickers probe /health and scrape /metrics on the engine port."""
+    epp = {"namespace": "oculis", "labels": {"app.kubernetes.io/component": "epp"}}
+    peers = engine_access.Peers.model_validate({**PEERS.model_dump(by_alias=True), "epp": epp})
+    engine = engine_access.network_policy("llama", "demo", "u", spec(), peers)["spec"]["ingress"][0]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "oculis"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/component": "epp"}}} in engine["from"]
+
+
 def test_the_policy_is_written_when_missing_or_changed_only() -> None:
     np = engine_access.network_policy("llama", "demo", "u", spec(), PEERS)
     assert engine_access.policy_write(np, None) == "create"

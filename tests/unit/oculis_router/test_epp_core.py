@@ -120,3 +120,18 @@ async def test_the_endpoint_map_gives_the_pods_of_an_in_cluster_upstream(tmp_pat
     assert {p.decide("chat", CHAT, None).lease.replica.id for _ in range(8)} <= {"llama-a", "llama-b"}
     assert {r.url for pool in p.pools() for r in pool.replicas.values()} == {
         "http://127.0.0.1:7101/v1", "http://127.0.0.1:7102/v1"}
+
+
+def test_a_keyed_engine_gets_its_key_from_the_picker_never_the_client_s(tmp_path, monkeypatch) -> None:
+    """Behind a Gateway the proxy calls the engine: a self-hosted upstream with `api_key_file` (the
+    operator's engine key, issue 35 item 6) gets `authorization: Bearer <key>` set by the picker, replacing
+    whatever the client sent; an upstream without one gets no Authorization header from the picker."""
+    (tmp_path / "small").write_text("s3cret\n")
+    monkeypatch.setenv("OCULIS_ENGINE_KEYS_DIR", str(tmp_path))
+    keyed = CONFIG.replace("picker: round-robin,", "picker: round-robin, api_key_file: small,")
+    holder = ConfigHolder(None, Metrics(), parse_config(keyed, "test"))
+    p = Picker(holder, holder.metrics, upstream="small")
+    p.sync()
+    p.probed = True
+    assert p.decide("chat", CHAT, None).answer.headers["authorization"] == "Bearer s3cret"
+    assert "authorization" not in picker(upstream="small").decide("chat", CHAT, None).answer.headers
