@@ -25,6 +25,9 @@ from starlette.routing import Route as HTTPRoute
 from oculis import RouterConfig
 from oculis_router import cache as rcache
 from oculis_router import replicas
+from oculis_router.batch.api import BatchAPI
+from oculis_router.batch.runner import Runner as BatchRunner
+from oculis_router.batch.store import Store as BatchStore
 from oculis_router.call import Calls
 from oculis_router.decisionlog import DecisionSink
 from oculis_router.decisionlog import entry as decision_entry
@@ -290,6 +293,21 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
             return err.response()
         return JSONResponse(found)
 
+    async def batch_line(endpoint: str, body: dict[str, Any], tenant: str, who: Identity) -> Response:
+        """A batch line through the request path, as its owner, at the batch priority."""
+        scope = {"type": "http", "method": "POST", "path": f"/v1/{endpoint}", "headers": [], "query_string": b""}
+
+        async def never() -> dict[str, Any]:  # no client to leave: the line's answer is always read
+            await asyncio.Event().wait()
+            return {"type": "http.disconnect"}
+
+        return await router.handle(Request(scope, never), endpoint, Internal(body, tenant, who))
+
+    batches = BatchRunner(batch_line, metrics.registry)
+    batch_api = BatchAPI(lambda: holder.current.config.server.batch,
+                         lambda request: check_client_key(request, router.keys_env(holder.current)),
+                         lambda: [m["id"] for m in describe(holder.current)], batches)
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -332,7 +350,11 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
             replicas.keep_synced(fleet, lambda: holder.current.config, resolver, slices, subs.sync),
             replicas.keep_scraping(fleet, http), *([slices.run()] if slices is not None else []))]
         watcher = asyncio.create_task(holder.watch(reload_interval)) if config_path else None
+        batch_cfg = holder.current.config.server.batch if not holder.waiting else None
+        if batch_cfg is not None and batch_cfg.enabled:  # batches a previous run left open go on
+            batches.resume(BatchStore(Path(batch_cfg.directory)), batch_cfg.concurrency)
         yield
+        await batches.close()
         if watcher:
             watcher.cancel()
         for task in tasks:
@@ -362,6 +384,7 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
         HTTPRoute("/healthz", healthz, methods=["GET"]),
         HTTPRoute("/readyz", readyz, methods=["GET"]),
         HTTPRoute("/openapi.json", openapi_json, methods=["GET"]),
+        *batch_api.routes(),
     ], lifespan=lifespan,
         middleware=[Middleware(HeaderLimit, limit=lambda: holder.current.config.server.max_header_bytes)])
     app.state.metrics = metrics
