@@ -35,7 +35,7 @@ from oculis_router.endpoints import EndpointResolver
 from oculis_router.errors import APIError
 from oculis_router.flowcontrol import BATCH_PRIORITY, PRIORITY_HEADER, FlowControl, PriorityRefused, Standing, standing
 from oculis_router.flowcontrol.seating import seated, take_seat
-from oculis_router.flowcontrol.standing import flow_of
+from oculis_router.flowcontrol.standing import REQUEST_PRIORITY, flow_of
 from oculis_router.inbound import HeaderLimit, check_body, check_client_key, disconnected, read_body, tenant_of
 from oculis_router.kvsub import Subscriptions
 from oculis_router.limits import Identity, identity_of
@@ -120,6 +120,7 @@ class Router:
             tenant = internal.tenant if internal else tenant_of(request)
             who = internal.who if internal else identity_of(request.headers, tenant)
             place = self.standing(rt, plan, who, route_label, request, internal)
+            REQUEST_PRIORITY.set(place.priority)  # this request's task only: upstreams with priority scheduling
             # The cache first: a stored answer needs no upstream, so neither a cold start (a wait, or a
             # 503) nor a token or dollar limit (it spends none) stands in its way; it counts as a request.
             key = self.cache_key(plan, body, tenant, endpoint)

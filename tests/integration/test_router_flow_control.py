@@ -174,3 +174,39 @@ def test_a_priority_the_key_may_not_use_is_403_naming_the_range(router: tuple[st
     r = ask(url, "junk", {"x-oculis-priority": "high"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "X-Oculis-Priority"
     assert ask(url, "vip", {"x-oculis-tenant": "vip", "x-oculis-priority": "10"}).status_code == 200
+
+
+def test_the_priority_reaches_an_engine_with_priority_scheduling_and_never_one_without(
+        tmp_path: Path, sim: str) -> None:
+    """An upstream marked priority_scheduling gets vLLM's `priority` field (the flow-control priority,
+    negated: vLLM runs the lower value first), which an engine without --scheduling-policy priority
+    refuses (400) as vLLM does; the client's own `priority` field is replaced, never relayed. The
+    engines' answers are the evidence: no mock sees the body."""
+    proc, prio_sim = start_sim(MODEL, "--gpu", "H100-80GB", "--max-model-len", "4096", "--scheduling-policy",
+                               "priority")
+    path = tmp_path / "prio.yaml"
+    path.write_text(yaml.safe_dump({"oculis": {"upstreams": [
+        {"name": "aware", "provider": "vllm", "model": MODEL, "endpoints": [prio_sim + "/v1"],
+         "priority_scheduling": True},
+        {"name": "wrongly-marked", "provider": "vllm", "model": MODEL, "endpoints": [sim + "/v1"],
+         "priority_scheduling": True},
+        {"name": "plain", "provider": "vllm", "model": MODEL, "endpoints": [sim + "/v1"]}],
+        "server": {"limit_overrides": [{"match": {"tenant": "vip"}, "max_priority": 10}]}}}))
+    router, url, _ = start_router(path, tmp_path / "router.log")
+    try:
+        def call(model: str, headers: dict[str, str], **extra: Any) -> httpx.Response:
+            return httpx.post(url + "/v1/chat/completions", headers=headers, timeout=60, json={
+                "model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], **extra})
+
+        vip = {"x-oculis-tenant": "vip", "x-oculis-priority": "7"}
+        assert call("aware", vip, priority=-1000).status_code == 200  # sent as 7 -> vLLM -7, accepted
+        r = call("wrongly-marked", vip)  # a fcfs engine refuses a non-zero priority: proof it was sent
+        assert r.status_code == 400 and "Priority scheduling is not enabled" in r.text
+        assert call("wrongly-marked", {}).status_code == 200  # priority 0 is every engine's default
+        # the client's own field is replaced by the router's priority (0 here): not relayed, so accepted
+        assert call("wrongly-marked", {}, priority=5).status_code == 200
+        assert call("plain", vip).status_code == 200  # not marked: no field sent
+    finally:
+        router.terminate()
+        router.wait(timeout=15)
+        stop(proc)

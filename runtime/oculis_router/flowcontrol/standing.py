@@ -3,6 +3,7 @@ the route, the API key's override and the X-Oculis-Priority header, within what 
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from oculis.router import PRIORITY_MIN, FlowControl, LimitOverride, Route, ServerSettings
@@ -11,6 +12,14 @@ from oculis_router.limits import Identity, matches
 PRIORITY_HEADER = "x-oculis-priority"
 # Batch lines run below every priority a request can ask for: only on seats nothing else waits for.
 BATCH_PRIORITY = PRIORITY_MIN - 1
+# The priority of the request being answered, set by the request path once flow control placed it; an
+# upstream with `priority_scheduling` gets it as vLLM's `priority` (providers/openai_compat.py)
+REQUEST_PRIORITY: ContextVar[int | None] = ContextVar("oculis_request_priority", default=None)
+
+
+def engine_priority(priority: int) -> int:
+    """vLLM's `priority` for a flow-control priority: vLLM serves the lower value first, Oculis the higher."""
+    return -priority
 
 
 class PriorityRefused(ValueError):
