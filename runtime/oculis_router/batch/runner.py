@@ -160,7 +160,8 @@ class Runner:
         while True:
             resp = await self.call(line.endpoint, dict(line.body), run.tenant, run.who)
             after = resp.headers.get("retry-after")
-            if resp.status_code in (429, 503) and after and after.isdigit() and not run.stopping():
+            retry = resp.headers.get("x-should-retry") != "false"  # a spent budget says stop, not wait
+            if resp.status_code in (429, 503) and retry and after and after.isdigit() and not run.stopping():
                 # the fleet is full (flow control shed it) or a limit says wait: not an answer, try again
                 await asyncio.sleep(min(RETRY_CAP_S, max(1, int(after))))
                 continue
