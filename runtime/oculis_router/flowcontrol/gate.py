@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from oculis_router.flowcontrol.policy import FlowQueues, Item, ShedReason
+from oculis_router.flowcontrol.standing import BATCH_PRIORITY
 
 log = logging.getLogger("oculis.router")
 RECHECK_S = 0.1  # while requests wait, the seats are re-read this often (scraped engine load changes too)
@@ -55,12 +56,18 @@ class Ticket:
     """A dispatched request's seat, held until `release` (idempotent)."""
 
     gate: Gate
+    scavenger: bool = False  # a batch line's seat
     released: bool = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.gate.done()
+            self.gate.done(self.scavenger)
+
+
+def scavenger(priority: int) -> bool:
+    """Batch work: it takes only seats nothing else holds, and holds none against interactive requests."""
+    return priority <= BATCH_PRIORITY
 
 
 @dataclass
@@ -68,18 +75,28 @@ class Gate:
     """The seats of one upstream and the requests waiting for them."""
 
     name: str
-    free: Callable[[int], bool]  # given the requests in flight through this gate: may one more go now?
+    # (the requests in flight that count against it, whether it is batch work) -> may one more go now?
+    free: Callable[[int, bool], bool]
     metrics: FlowMetrics
     clock: Callable[[], float] = time.monotonic
     in_flight: int = 0
+    in_flight_batch: int = 0
     queues: FlowQueues = field(default_factory=FlowQueues)
     waiters: dict[int, asyncio.Future[None]] = field(default_factory=dict)
     ticker: asyncio.Task[None] | None = None
 
+    def can_go(self, priority: int) -> bool:
+        """Seats: batch work counts every request in flight (it runs only on seats all others leave free);
+        an interactive request counts the interactive ones only, so batch lines already running never
+        keep it waiting: the engine runs it beside them (its max_num_seqs above the seats) and, with
+        priority scheduling, preempts them first when KV blocks run out."""
+        scav = scavenger(priority)
+        return self.free(self.in_flight if scav else self.in_flight - self.in_flight_batch, scav)
+
     async def acquire(self, item: Item, max_queue: int) -> Ticket:
-        if self.try_now():  # nothing waits and a seat is free: straight through
+        if self.try_now(item.priority):  # nothing before it waits and its seat is free: straight through
             self._dispatch(item)
-            return Ticket(self)
+            return Ticket(self, scavenger(item.priority))
         why = self.queues.offer(item, max_queue)
         if why is not None:
             raise self._shed(item, why)
@@ -95,18 +112,22 @@ class Gate:
                 self._queued(item, -1)
                 self.metrics.left.labels(self.name, str(item.priority)).inc()
             elif fut.done() and not fut.cancelled() and fut.exception() is None:
-                self.done()  # dispatched just as it was cancelled: the seat it got is given back
+                self.done(scavenger(item.priority))  # dispatched just as it was cancelled: its seat back
             raise
         finally:
             self.waiters.pop(item.id, None)
-        return Ticket(self)
+        return Ticket(self, scavenger(item.priority))
 
-    def try_now(self) -> bool:
-        """Whether a request may go straight through (nothing waits and a seat is free)."""
-        return not self.queues and self.free(self.in_flight)
+    def try_now(self, priority: int) -> bool:
+        """Whether a request may go straight through (nothing of its priority or above waits, and a seat
+        it may take is free)."""
+        head = self.queues.peek()
+        return (head is None or head.priority < priority) and self.can_go(priority)
 
-    def done(self) -> None:
+    def done(self, scav: bool = False) -> None:
         self.in_flight = max(0, self.in_flight - 1)
+        if scav:
+            self.in_flight_batch = max(0, self.in_flight_batch - 1)
         self.metrics.in_flight.labels(self.name).set(self.in_flight)
         self.pump()
 
@@ -118,7 +139,8 @@ class Gate:
             fut = self.waiters.get(item.id)
             if fut is not None and not fut.done():
                 fut.set_exception(self._shed(item, "ttl"))
-        while self.queues and self.free(self.in_flight):
+        # the head goes first; when it cannot, nothing behind it can (a lower priority counts as many seats)
+        while (head := self.queues.peek()) is not None and self.can_go(head.priority):
             nxt = self.queues.pop()
             assert nxt is not None
             item = nxt
@@ -131,6 +153,8 @@ class Gate:
 
     def _dispatch(self, item: Item) -> None:
         self.in_flight += 1
+        if scavenger(item.priority):
+            self.in_flight_batch += 1
         p = str(item.priority)
         self.metrics.in_flight.labels(self.name).set(self.in_flight)
         self.metrics.dispatches.labels(self.name, item.flow, p).inc()
@@ -170,14 +194,14 @@ class FlowControl:
         self.gates: dict[str, Gate] = {}
         self.ids = itertools.count(1)
 
-    def gate(self, upstream: str, free: Callable[[int], bool]) -> Gate:
+    def gate(self, upstream: str, free: Callable[[int, bool], bool]) -> Gate:
         g = self.gates.get(upstream)
         if g is None:
             g = self.gates[upstream] = Gate(upstream, free, self.metrics)
         g.free = free  # the config's seats may have changed
         return g
 
-    async def acquire(self, upstream: str, free: Callable[[int], bool], *, flow: str, priority: int, route: str,
+    async def acquire(self, upstream: str, free: Callable[[int, bool], bool], *, flow: str, priority: int, route: str,
                       ttl: float, max_queue: int, weight: float = 1.0) -> Ticket:
         g = self.gate(upstream, free)
         now = g.clock()

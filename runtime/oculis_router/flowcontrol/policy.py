@@ -87,21 +87,34 @@ class FlowQueues:
         self._where[item.id] = item
         return None
 
-    def pop(self) -> Item | None:
-        """The next request to dispatch: highest priority, then the smallest start tag (ties: the
-        earlier enqueued, then the flow's name, so the order is deterministic); None when empty."""
+    def _next(self) -> tuple[int, str, float] | None:
+        """(priority, flow, start tag) of the next request: highest priority, then the smallest start tag
+        (ties: the earlier enqueued, then the flow's name, so the order is deterministic)."""
         for p in sorted(self._bands, reverse=True):
             band = self._bands[p]
             heads = [(f.queue[0][0], f.queue[0][2].enqueued_at, name) for name, f in band.flows.items() if f.queue]
-            if not heads:
-                continue
-            start, _, name = min(heads)
-            _, _, item = band.flows[name].queue.popleft()
-            band.virtual = max(band.virtual, start)
-            self._forget(item)
-            self._tidy(p)
-            return item
+            if heads:
+                start, _, name = min(heads)
+                return p, name, start
         return None
+
+    def peek(self) -> Item | None:
+        """The request `pop` would return, left in place."""
+        nxt = self._next()
+        return None if nxt is None else self._bands[nxt[0]].flows[nxt[1]].queue[0][2]
+
+    def pop(self) -> Item | None:
+        """Take out the next request to dispatch; None when empty."""
+        nxt = self._next()
+        if nxt is None:
+            return None
+        p, name, start = nxt
+        band = self._bands[p]
+        _, _, item = band.flows[name].queue.popleft()
+        band.virtual = max(band.virtual, start)
+        self._forget(item)
+        self._tidy(p)
+        return item
 
     def remove(self, item_id: int) -> bool:
         """Take a request out (its client left); False when it is not waiting (already dispatched or shed)."""

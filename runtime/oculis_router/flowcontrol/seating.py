@@ -37,14 +37,14 @@ async def take_seat(flow: FlowControl, fleet: Fleet, server: ServerSettings, pla
     if who.priority == BATCH_PRIORITY:  # a batch line: its runner bounds how many wait; it may wait long
         ttl, bound = BATCH_LINE_TTL_S, 1 << 30
 
-    def free(in_flight: int) -> bool:
-        return free_seat(fleet, up, in_flight, seats)
+    def free(in_flight: int, batch: bool) -> bool:
+        return free_seat(fleet, up, in_flight, seats, batch)
 
     gate = flow.gate(up.name, free)
     wait = flow.acquire(up.name, free, flow=who.flow, priority=who.priority, route=route_label, ttl=ttl,
                         max_queue=bound, weight=who.weight)
     try:
-        if gate.try_now() or left is None:
+        if gate.try_now(who.priority) or left is None:
             return await wait
         return await _unless(wait, left())
     except Shed as shed:

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from prometheus_client import CollectorRegistry
 
-from oculis_router.flowcontrol import FlowControl, FlowQueues, Item, Shed
+from oculis_router.flowcontrol import FlowControl, FlowQueues, Item, Shed, Ticket
 
 ids = itertools.count(1)
 
@@ -118,7 +118,7 @@ def test_gate_holds_requests_past_the_seats_and_serves_them_by_priority() -> Non
         fc = FlowControl(CollectorRegistry())
         seats = 1
 
-        def free(n: int) -> bool:
+        def free(n: int, batch: bool) -> bool:
             return n < seats
 
         first = await fc.acquire("up", free, flow="t", priority=0, route="r", ttl=60, max_queue=10)
@@ -144,7 +144,7 @@ def test_gate_sheds_past_the_queue_bound_and_a_cancelled_waiter_leaves_at_once()
     async def main() -> None:
         fc = FlowControl(CollectorRegistry())
 
-        def free(n: int) -> bool:
+        def free(n: int, batch: bool) -> bool:
             return n < 1
 
         held = await fc.acquire("up", free, flow="t", priority=0, route="r", ttl=60, max_queue=1)
@@ -168,7 +168,7 @@ def test_gate_sheds_a_request_past_its_ttl() -> None:
         fc = FlowControl(CollectorRegistry())
         now = [0.0]
 
-        def free(n: int) -> bool:
+        def free(n: int, batch: bool) -> bool:
             return n < 1
 
         held = await fc.acquire("up", free, flow="t", priority=0, route="r", ttl=5, max_queue=10)
@@ -183,5 +183,41 @@ def test_gate_sheds_a_request_past_its_ttl() -> None:
         assert shed.value.reason == "ttl"
         held.release()
         assert gate.in_flight == 0
+
+    run(main())
+
+
+def test_batch_lines_never_keep_an_interactive_request_waiting_but_wait_for_every_seat_themselves() -> None:
+    async def main() -> None:
+        fc = FlowControl(CollectorRegistry())
+
+        def free(n: int, batch: bool) -> bool:
+            return n < 2
+
+        def take(priority: int) -> asyncio.Task[Ticket]:
+            return asyncio.create_task(fc.acquire("up", free, flow="t", priority=priority, route="r", ttl=60,
+                                                  max_queue=10))
+
+        batch = [await take(-101) for _ in range(2)]  # both seats, to batch work
+        gate = fc.gates["up"]
+        assert gate.in_flight == 2 and gate.in_flight_batch == 2
+        third = take(-101)
+        await until(lambda: len(gate.queues) == 1, "a third batch line waiting")
+        interactive = [await take(0) for _ in range(2)]  # straight through, beside the batch lines
+        assert not third.done()
+        late = take(0)
+        await until(lambda: len(gate.queues) == 2, "the third interactive waiting: its two seats are held")
+        for b in batch:
+            b.release()
+        await asyncio.sleep(0)
+        assert not late.done() and not third.done()  # interactive seats still full; batch counts them all
+        interactive[0].release()
+        await until(lambda: late.done(), "the interactive one first")
+        assert not third.done()
+        interactive[1].release()
+        late.result().release()
+        await until(lambda: third.done(), "the batch line once every seat is free")
+        third.result().release()
+        assert gate.in_flight == 0 and gate.in_flight_batch == 0
 
     run(main())
