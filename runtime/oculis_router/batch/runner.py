@@ -22,6 +22,7 @@ from oculis_router.limits import Identity
 
 log = logging.getLogger("oculis.router")
 STATUS_POLL_S = 1.0  # how often a running batch re-reads its status (a cancel from another router replica)
+SAVE_EVERY_S = 0.5  # a running batch's counts are written at most this often (and at every change of status)
 RETRY_CAP_S = 60  # the longest a line waits before trying again after a 429 with Retry-After
 # what a line is sent as: (endpoint, body, tenant, who) -> the router's answer
 Call = Callable[[str, dict[str, Any], str, Identity], Awaitable[Response]]
@@ -46,6 +47,8 @@ class Run:
         self.who = Identity(owner["tenant"], owner["key_sha256"], owner["tenant_header"])
         self.cancel = False
         self.read_at = 0.0
+        self.saved_at = 0.0
+        self.saving = asyncio.Lock()  # one write at a time, in order: an older snapshot never lands last
 
     def stopping(self) -> bool:
         """Cancelled (here or by another replica, seen in the store) or past its completion window."""
@@ -60,6 +63,15 @@ class Run:
 
     def save(self) -> None:
         self.store.save_batch(self.tenant, self.batch)
+
+    async def save_soon(self) -> None:
+        """The counts, written off the event loop and at most every SAVE_EVERY_S (the answers stay fast)."""
+        if time.monotonic() - self.saved_at < SAVE_EVERY_S:
+            return
+        self.saved_at = time.monotonic()
+        data = json.dumps(self.batch).encode()
+        async with self.saving:
+            await asyncio.to_thread(self.store.write_batch, self.tenant, self.batch["id"], data)
 
 
 class Runner:
@@ -173,9 +185,11 @@ class Runner:
                               "type": "server_error", "param": None, "code": None}}
         status = resp.status_code
         kind = "output" if 200 <= status < 300 else "errors"
-        out.write(kind, {"id": new_id("batch_req_"), "custom_id": line.custom_id, "response": {
-            "status_code": status, "request_id": resp.headers.get("x-request-id") or new_id("req_"), "body": body},
-            "error": None})
+        # appended and synced in a worker thread: an fsync on the event loop would stall every request
+        await asyncio.to_thread(out.write, kind, {
+            "id": new_id("batch_req_"), "custom_id": line.custom_id, "response": {
+                "status_code": status, "request_id": resp.headers.get("x-request-id") or new_id("req_"),
+                "body": body}, "error": None})
         counts = run.batch["request_counts"]
         counts["completed" if kind == "output" else "failed"] += 1
         route = str(line.body["model"])
@@ -185,7 +199,7 @@ class Runner:
             for k in ("prompt_tokens", "completion_tokens"):
                 if isinstance(usage.get(k), int):
                     self.metrics.tokens.labels(route, k.split("_")[0]).inc(usage[k])
-        run.save()
+        await run.save_soon()
 
     def _finish(self, run: Run, left: list[Line]) -> None:
         b, store = run.batch, run.store

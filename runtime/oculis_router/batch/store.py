@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,10 +85,14 @@ class Store:
 
     # ---- batches ------------------------------------------------------------------------------------
     def save_batch(self, tenant: str, batch: dict[str, Any]) -> None:
-        path = self._batch(tenant, batch["id"], "json")
+        self.write_batch(tenant, batch["id"], json.dumps(batch).encode())
+
+    def write_batch(self, tenant: str, batch_id: str, data: bytes) -> None:
+        """A batch object already serialised (so a thread can write it while the batch changes)."""
+        path = self._batch(tenant, batch_id, "json")
         assert path is not None
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write(path, json.dumps(batch).encode())
+        _write(path, data)
 
     def batch(self, tenant: str, batch_id: str) -> dict[str, Any] | None:
         path = self._batch(tenant, batch_id, "json")
@@ -143,16 +148,20 @@ class Store:
 
 
 class Appender:
-    """One batch's result files, open for appending; each line flushed and synced before it counts."""
+    """One batch's result files, open for appending; each line flushed and synced before it counts
+    (`write` may run in worker threads: one line at a time)."""
 
     def __init__(self, store: Store, tenant: str, batch_id: str) -> None:
         self.files = {k: store.results(tenant, batch_id, k).open("ab") for k in ("output", "errors")}
+        self.lock = threading.Lock()
 
     def write(self, kind: str, record: dict[str, Any]) -> None:
-        f = self.files[kind]
-        f.write(json.dumps(record).encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+        line = json.dumps(record).encode() + b"\n"
+        with self.lock:
+            f = self.files[kind]
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
 
     def close(self) -> None:
         for f in self.files.values():
