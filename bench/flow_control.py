@@ -164,6 +164,8 @@ def main() -> None:
                     "room to run interactive requests beside batch lines)")
     ap.add_argument("--load", type=float, default=0.6, help="interactive load as a share of capacity")
     ap.add_argument("--batch", type=int, default=200, help="batch job lines")
+    ap.add_argument("--direct-concurrency", type=int, default=64, help="the batch sent straight to the engines: "
+                    "requests in flight at once (a client pushing a job through as fast as it can)")
     ap.add_argument("--seconds", type=float, default=20, help="interactive phase length (at least)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="oculis-flow-bench-"))
@@ -196,7 +198,7 @@ def main() -> None:
             if mode == "batch via Oculis":
                 th = threading.Thread(target=run_batch, args=(url, a.batch, done, out), daemon=True)
             elif mode == "batch to engines":
-                th = threading.Thread(target=direct_batch, args=(engines, a.batch, a.seats * a.replicas, done, out),
+                th = threading.Thread(target=direct_batch, args=(engines, a.batch, a.direct_concurrency, done, out),
                                       daemon=True)
             if th is not None:
                 th.start()
