@@ -215,3 +215,14 @@ def test_interactive_requests_go_before_waiting_batch_lines(router: Router) -> N
     served = [("interactive" if "interactive" in line else "batch") for line in router.decisions.read_text()
               .splitlines() if "interactive" in line or "batchline" in line]
     assert served == ["interactive"] * 3 + ["batch"] * 6, served
+
+
+def test_an_unusable_store_is_a_loud_503_while_interactive_requests_flow(router: Router) -> None:
+    store = router.tmp / "batches"
+    store.write_text("not a directory")  # (as root a permission would not bind: a file where the folder goes)
+    c = router.client()
+    with pytest.raises(openai.APIStatusError) as e:
+        upload(c, jsonl(1))
+    assert e.value.status_code == 503 and "batch store" in str(e.value)
+    assert c.chat.completions.create(model="chat", max_tokens=2,
+                                     messages=[{"role": "user", "content": "still here"}]).choices

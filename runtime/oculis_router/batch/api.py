@@ -6,6 +6,7 @@ id is a 404, as if it did not exist. Off (404 naming the setting) unless `server
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from oculis_router.errors import APIError, bad_request
 from oculis_router.inbound import read_body, tenant_of
 from oculis_router.limits import identity_of
 
+log = logging.getLogger("oculis.router")
 WINDOW_S = {"24h": 24 * 3600}
 MAX_METADATA = 16
 Handler = Callable[[Request], Awaitable[Response]]
@@ -49,6 +51,12 @@ class BatchAPI:
                 return err.response()
             except InputError as err:
                 return APIError(400, str(err), param=err.param, code=err.code).response()
+            except OSError as exc:  # the store cannot be read or written: loud, and nothing half-made
+                log.error("batch store %s: %s", self.settings().directory, exc)
+                return APIError(503, f"the batch store ({self.settings().directory}) cannot be used: "
+                                f"{exc.strerror or exc}; interactive requests are unaffected, retry once it is fixed",
+                                type_="service_unavailable", code="batch_store_unavailable",
+                                headers={"retry-after": "30"}).response()
         return handler
 
     # ---- files --------------------------------------------------------------------------------------
