@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HTTPRoute
 
-from oculis import RouterConfig
+from oculis import Pricing, RouterConfig
 from oculis_router import cache as rcache
 from oculis_router import replicas
 from oculis_router.batch.api import BatchAPI
@@ -304,7 +304,11 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
 
         return await router.handle(Request(scope, never), endpoint, Internal(body, tenant, who))
 
-    batches = BatchRunner(batch_line, metrics.registry)
+    def prices(upstream: str) -> Pricing | None:
+        up = holder.current.upstreams.get(upstream)
+        return up.pricing if up is not None else None
+
+    batches = BatchRunner(batch_line, metrics.registry, prices)
     batch_api = BatchAPI(lambda: holder.current.config.server.batch,
                          lambda request: check_client_key(request, router.keys_env(holder.current)),
                          lambda: [m["id"] for m in describe(holder.current)], batches)

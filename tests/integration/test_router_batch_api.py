@@ -41,7 +41,8 @@ class Router:
         self.decisions = tmp / "decisions.jsonl"
         self.config = tmp / "batch.yaml"
         self.config.write_text(yaml.safe_dump({"oculis": {
-            "upstreams": [{"name": "llama", "provider": "vllm", "model": MODEL, "endpoints": [sim + "/v1"]}],
+            "upstreams": [{"name": "llama", "provider": "vllm", "model": MODEL, "endpoints": [sim + "/v1"],
+                           "pricing": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}],
             "routes": [{"name": "chat", "tiers": [{"name": "only", "upstream": "llama"}],
                         "decision_log": {"sink": str(self.decisions), "include_prompts": True}}],
             "server": {"flow_control": {"enabled": True, "seats_per_replica": 1, "queue_ttl_seconds": 600},
@@ -109,6 +110,9 @@ def test_openai_sdk_batch_round_trip(router: Router) -> None:
                for x in lines)
     assert [b.id for b in c.batches.list()] == [batch.id]
     assert router.metric("oculis_batch_lines_total", route="chat", outcome="ok") == 5
+    spent = sum((x["response"]["body"]["usage"]["prompt_tokens"] * 1.0
+                 + x["response"]["body"]["usage"]["completion_tokens"] * 2.0) / 1e6 for x in lines)
+    assert router.metric("oculis_batch_cost_dollars_total", route="chat", upstream="llama") == pytest.approx(spent)
     assert router.metric("oculis_flow_dispatches_total", priority="-101") == 5  # all at the batch priority
     assert c.files.delete(fid).deleted
     with pytest.raises(openai.NotFoundError):

@@ -16,9 +16,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 from starlette.responses import Response
 
+from oculis import Pricing
 from oculis_router.batch.check import Line, parse_input
 from oculis_router.batch.store import OWNER, Appender, Store, new_id
 from oculis_router.limits import Identity
+from oculis_router.usage import Usage, cost_dollars
 
 log = logging.getLogger("oculis.router")
 STATUS_POLL_S = 1.0  # how often a running batch re-reads its status (a cancel from another router replica)
@@ -35,6 +37,9 @@ class BatchMetrics:
                              ["route", "outcome"], registry=registry)
         self.tokens = Counter("oculis_batch_tokens", "Tokens of batch lines (also in the per-upstream token "
                               "counters): batch spend apart from interactive", ["route", "kind"], registry=registry)
+        self.cost = Counter("oculis_batch_cost_dollars", "Estimated cost of batch lines by route and the upstream "
+                            "that answered (part of oculis_cost_dollars_total)", ["route", "upstream"],
+                            registry=registry)
 
 
 class Run:
@@ -75,8 +80,10 @@ class Run:
 
 
 class Runner:
-    def __init__(self, call: Call, registry: CollectorRegistry) -> None:
+    def __init__(self, call: Call, registry: CollectorRegistry,
+                 pricing: Callable[[str], Pricing | None] = lambda _: None) -> None:
         self.call = call
+        self.pricing = pricing  # an upstream's prices in the config in force (None: unknown)
         self.metrics = BatchMetrics(registry)
         self.runs: dict[str, Run] = {}
         self.tasks: set[asyncio.Task[None]] = set()
@@ -194,11 +201,13 @@ class Runner:
         counts["completed" if kind == "output" else "failed"] += 1
         route = str(line.body["model"])
         self.metrics.lines.labels(route, "ok" if kind == "output" else "error").inc()
-        usage = body.get("usage") if isinstance(body, dict) else None
-        if isinstance(usage, dict):
-            for k in ("prompt_tokens", "completion_tokens"):
-                if isinstance(usage.get(k), int):
-                    self.metrics.tokens.labels(route, k.split("_")[0]).inc(usage[k])
+        usage = Usage.parse(body.get("usage") if isinstance(body, dict) else None)
+        if usage is not None:
+            self.metrics.tokens.labels(route, "prompt").inc(usage.prompt)
+            self.metrics.tokens.labels(route, "completion").inc(usage.completion)
+            upstream = resp.headers.get("x-oculis-upstream", "-")
+            if (prices := self.pricing(upstream)) is not None:
+                self.metrics.cost.labels(route, upstream).inc(cost_dollars(prices, usage))
         await run.save_soon()
 
     def _finish(self, run: Run, left: list[Line]) -> None:
