@@ -85,10 +85,13 @@ async def capacity(url: str, workers: int, seconds: float) -> float:
 
 
 async def poisson(url: str, rate: float, until: threading.Event | None, seconds: float,
-                  headers: dict[str, str] | None = None, sent: list[int] | None = None) -> tuple[list[float], int]:
+                  headers: dict[str, str] | None = None, sent: list[int] | None = None,
+                  timeline: list[tuple[float, float]] | None = None) -> tuple[list[float], int]:
     """Open-loop arrivals at `rate`/s for `seconds` (and, with `until`, until it is set): TTFTs, failures;
-    `sent` gets how many were sent (a loaded client falls behind the nominal rate)."""
+    `sent` gets how many were sent (a loaded client falls behind the nominal rate), `timeline` each
+    request's (start, TTFT)."""
     ttfts: list[float] = []
+    t_zero = time.monotonic()
     failed = 0
     rng = random.Random(7)
     tasks = []
@@ -96,11 +99,14 @@ async def poisson(url: str, rate: float, until: threading.Event | None, seconds:
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=2000)) as client:
         async def fire(i: int) -> None:
             nonlocal failed
+            start = time.monotonic() - t_zero
             t = await one(client, url, str(i), headers)
             if t is None:
                 failed += 1
             else:
                 ttfts.append(t)
+                if timeline is not None:
+                    timeline.append((start, t))
         i = 0
         while time.monotonic() < t_end or (until is not None and not until.is_set()):
             tasks.append(asyncio.create_task(fire(i)))
@@ -149,6 +155,37 @@ def direct_batch(engines: list[str], n: int, concurrency: int, done: threading.E
     done.set()
 
 
+def sample_queue(mport: int, stop_: threading.Event, out: list[tuple[float, float, float]]) -> None:
+    """(time, interactive waiting, batch lines waiting) in the router, every 0.25 s until `stop_`."""
+    t0 = time.monotonic()
+    while not stop_.wait(0.25):
+        try:
+            total = metric(mport, "oculis_flow_queue_length")
+            batch = metric(mport, "oculis_flow_queue_length", priority="-101")
+        except httpx.HTTPError:
+            continue
+        out.append((time.monotonic() - t0, total - batch, batch))
+
+
+def plot(path: str, runs: list[tuple[str, list[tuple[float, float]], list[tuple[float, float, float]]]]) -> None:
+    import plotly.graph_objects as go  # type: ignore[import-untyped]  # plotly ships no type hints
+    from plotly.subplots import make_subplots  # type: ignore[import-untyped]
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=(
+        "interactive TTFT (s) by arrival time", "requests waiting in the router"))
+    for mode, timeline, queue in runs:
+        fig.add_trace(go.Scatter(x=[t for t, _ in timeline], y=[v for _, v in timeline], mode="markers",
+                                 name=f"TTFT, {mode}", marker={"size": 4}), row=1, col=1)
+        if mode != "no batch":
+            fig.add_trace(go.Scatter(x=[t for t, _, _ in queue], y=[i for _, i, _ in queue],
+                                     name=f"interactive waiting, {mode}"), row=2, col=1)
+            fig.add_trace(go.Scatter(x=[t for t, _, _ in queue], y=[b for _, _, b in queue],
+                                     name=f"batch lines waiting, {mode}"), row=2, col=1)
+    fig.update_xaxes(title_text="seconds into the run", row=2, col=1)
+    fig.update_layout(title="Flow control: interactive TTFT and the router's queues while a batch runs")
+    fig.write_html(path, include_plotlyjs="cdn")
+
+
 def metric(mport: int, name: str, **labels: str) -> float:
     text = httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=10).text
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
@@ -167,6 +204,7 @@ def main() -> None:
     ap.add_argument("--direct-concurrency", type=int, default=64, help="the batch sent straight to the engines: "
                     "requests in flight at once (a client pushing a job through as fast as it can)")
     ap.add_argument("--seconds", type=float, default=20, help="interactive phase length (at least)")
+    ap.add_argument("--html", default="flow_control.html", help="the plot of TTFT and queue length over time")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="oculis-flow-bench-"))
     seqs = a.max_num_seqs or 2 * a.seats
@@ -191,6 +229,7 @@ def main() -> None:
               f"a request; capacity C = {cap:.1f} req/s (closed loop at every seat); interactive at "
               f"{a.load:.0%} = {rate:.1f} req/s")
         rows = []
+        plots: list[tuple[str, list[tuple[float, float]], list[tuple[float, float, float]]]] = []
         for mode in ("no batch", "batch via Oculis", "batch to engines"):
             done, out = threading.Event(), {"seconds": float("nan"), "completed": 0.0}
             t0 = time.monotonic()
@@ -200,11 +239,19 @@ def main() -> None:
             elif mode == "batch to engines":
                 th = threading.Thread(target=direct_batch, args=(engines, a.batch, a.direct_concurrency, done, out),
                                       daemon=True)
+            timeline: list[tuple[float, float]] = []
+            queue: list[tuple[float, float, float]] = []
+            sampling = threading.Event()
+            sampler = threading.Thread(target=sample_queue, args=(mport, sampling, queue), daemon=True)
+            sampler.start()
             if th is not None:
                 th.start()
-            ttfts, failed = asyncio.run(poisson(url, rate, done if th else None, a.seconds))
+            ttfts, failed = asyncio.run(poisson(url, rate, done if th else None, a.seconds, timeline=timeline))
             if th is not None:
                 th.join()
+            sampling.set()
+            sampler.join()
+            plots.append((mode, timeline, queue))
             elapsed = time.monotonic() - t0
             served = len(ttfts) + (out["completed"] if th else 0)
             rows.append((mode, ttfts, failed, out if th else None, served / (cap * elapsed)))
@@ -221,6 +268,8 @@ def main() -> None:
             print(f"{mode}: TTFT p95 {p95:+.0%}, p99 {p99:+.0%} against no batch (goal: within +10 %)")
         print(f"ideal batch time: {a.batch} requests / ({1 - a.load:.0%} x {cap:.1f} req/s) = {ideal:.1f} s "
               "(goal: within 1.3x via Oculis)")
+        plot(a.html, plots)
+        print(f"plot of TTFT and router queue length over time: {a.html}")
         fairness(url, mport, cap, a.seconds)
     finally:
         proc.terminate()
