@@ -204,7 +204,8 @@ def main() -> None:
     ap.add_argument("--direct-concurrency", type=int, default=64, help="the batch sent straight to the engines: "
                     "requests in flight at once (a client pushing a job through as fast as it can)")
     ap.add_argument("--seconds", type=float, default=20, help="interactive phase length (at least)")
-    ap.add_argument("--html", default="flow_control.html", help="the plot of TTFT and queue length over time")
+    ap.add_argument("--html", help="where to write the plot of TTFT and queue length over time (default: in the "
+                    "run's temporary folder)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="oculis-flow-bench-"))
     seqs = a.max_num_seqs or 2 * a.seats
@@ -268,8 +269,9 @@ def main() -> None:
             print(f"{mode}: TTFT p95 {p95:+.0%}, p99 {p99:+.0%} against no batch (goal: within +10 %)")
         print(f"ideal batch time: {a.batch} requests / ({1 - a.load:.0%} x {cap:.1f} req/s) = {ideal:.1f} s "
               "(goal: within 1.3x via Oculis)")
-        plot(a.html, plots)
-        print(f"plot of TTFT and router queue length over time: {a.html}")
+        html = a.html or str(tmp / "flow_control.html")
+        plot(html, plots)
+        print(f"plot of TTFT and router queue length over time: {html}")
         fairness(url, mport, cap, a.seconds)
     finally:
         proc.terminate()
