@@ -243,9 +243,8 @@ def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int,
         raise invalid(f"logprobs must be non-negative or -1, got {logprobs}.", "logprobs", logprobs)
     if temperature is not None and temperature < 1e-5 and n > 1:
         raise invalid(f"n must be 1 when using greedy sampling, got {n}.")
-    priority = _int(body, "priority") or 0
-    if priority != 0 and not priority_scheduling:  # vLLM's input processor
-        raise invalid(f"Got priority {priority} but Priority scheduling is not enabled.")
+    # vLLM 0.32 takes a priority under either policy (fcfs ignores it: tests/realengine/test_priority_real.py)
+    priority = (_int(body, "priority") or 0) if priority_scheduling else 0
     stop = body.get("stop")
     stops = (stop,) if isinstance(stop, str) else tuple(s for s in stop or [] if isinstance(s, str))
     if any(not s for s in stops):

@@ -176,36 +176,64 @@ def test_a_priority_the_key_may_not_use_is_403_naming_the_range(router: tuple[st
     assert ask(url, "vip", {"x-oculis-tenant": "vip", "x-oculis-priority": "10"}).status_code == 200
 
 
-def test_the_priority_reaches_an_engine_with_priority_scheduling_and_never_one_without(
-        tmp_path: Path, sim: str) -> None:
+def test_the_priority_reaches_an_engine_with_priority_scheduling_and_orders_its_queue(tmp_path: Path) -> None:
     """An upstream marked priority_scheduling gets vLLM's `priority` field (the flow-control priority,
-    negated: vLLM runs the lower value first), which an engine without --scheduling-policy priority
-    refuses (400) as vLLM does; the client's own `priority` field is replaced, never relayed. The
-    engines' answers are the evidence: no mock sees the body."""
-    proc, prio_sim = start_sim(MODEL, "--gpu", "H100-80GB", "--max-model-len", "4096", "--scheduling-policy",
-                               "priority")
+    negated: vLLM runs the lower value first; the client's own field replaced). The engine's own queue is
+    the evidence, no mock sees the body: one sequence slot held, a low-priority request and then a
+    high-priority one wait in the engine, and the high one is served first; through an upstream not
+    marked (the same engine) the two are served as they came."""
+    proc, engine = start_sim(MODEL, "--gpu", "H100-80GB", "--max-model-len", "8192", "--max-num-seqs", "1",
+                             "--scheduling-policy", "priority")
     path = tmp_path / "prio.yaml"
-    path.write_text(yaml.safe_dump({"oculis": {"upstreams": [
-        {"name": "aware", "provider": "vllm", "model": MODEL, "endpoints": [prio_sim + "/v1"],
-         "priority_scheduling": True},
-        {"name": "wrongly-marked", "provider": "vllm", "model": MODEL, "endpoints": [sim + "/v1"],
-         "priority_scheduling": True},
-        {"name": "plain", "provider": "vllm", "model": MODEL, "endpoints": [sim + "/v1"]}],
+    up = {"provider": "vllm", "model": MODEL, "endpoints": [engine + "/v1"]}
+    path.write_text(yaml.safe_dump({"oculis": {
+        "upstreams": [{"name": "aware", **up, "priority_scheduling": True}, {"name": "plain", **up}],
         "server": {"limit_overrides": [{"match": {"tenant": "vip"}, "max_priority": 10}]}}}))
     router, url, _ = start_router(path, tmp_path / "router.log")
     try:
-        def call(model: str, headers: dict[str, str], **extra: Any) -> httpx.Response:
-            return httpx.post(url + "/v1/chat/completions", headers=headers, timeout=60, json={
-                "model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], **extra})
+        def waiting() -> float:
+            text = httpx.get(engine + "/metrics", timeout=10).text
+            return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                       if s.name == "vllm:num_requests_waiting")
 
-        vip = {"x-oculis-tenant": "vip", "x-oculis-priority": "7"}
-        assert call("aware", vip, priority=-1000).status_code == 200  # sent as 7 -> vLLM -7, accepted
-        r = call("wrongly-marked", vip)  # a fcfs engine refuses a non-zero priority: proof it was sent
-        assert r.status_code == 400 and "Priority scheduling is not enabled" in r.text
-        assert call("wrongly-marked", {}).status_code == 200  # priority 0 is every engine's default
-        # the client's own field is replaced by the router's priority (0 here): not relayed, so accepted
-        assert call("wrongly-marked", {}, priority=5).status_code == 200
-        assert call("plain", vip).status_code == 200  # not marked: no field sent
+        def served_order(model: str) -> list[str]:
+            stop_ = threading.Event()
+            started = threading.Event()
+
+            def blocker() -> None:  # straight to the engine: holds its only sequence slot
+                body = {"model": MODEL, "max_tokens": 6000, "stream": True,
+                        "messages": [{"role": "user", "content": "go"}]}
+                with httpx.stream("POST", engine + "/v1/chat/completions", json=body, timeout=120) as resp:
+                    for _ in resp.iter_lines():
+                        started.set()
+                        if stop_.is_set():
+                            return
+
+            t = threading.Thread(target=blocker, daemon=True)
+            t.start()
+            assert started.wait(60)
+            done: list[str] = []
+
+            def one(tag: str, headers: dict[str, str]) -> None:
+                r = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=120, json={
+                    "model": model, "max_tokens": 2, "priority": -999,  # the client's own field: replaced
+                    "messages": [{"role": "user", "content": tag}]})
+                assert r.status_code == 200, r.text
+                done.append(tag)
+
+            with ThreadPoolExecutor(2) as pool:
+                low = pool.submit(one, "low", {"x-oculis-priority": "-50"})
+                eventually(lambda: waiting() == 1, what="the low one waiting in the engine")
+                high = pool.submit(one, "high", {"x-oculis-tenant": "vip", "x-oculis-priority": "10"})
+                eventually(lambda: waiting() == 2, what="both waiting in the engine")
+                stop_.set()
+                t.join(120)
+                low.result()
+                high.result()
+            return done
+
+        assert served_order("aware") == ["high", "low"]
+        assert served_order("plain") == ["low", "high"]  # no priority sent: first come, first served
     finally:
         router.terminate()
         router.wait(timeout=15)

@@ -76,6 +76,8 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     # LoRA adapters (issue 26): one GPU slot, rank up to 8, adapters loaded and unloaded at run time; the
     # test adds its static --lora-modules (the adapters are built at test time).
     "lora": ("--enable-lora", "--max-loras", "1", "--max-lora-rank", "8"),
+    # flow control's priorities reaching the engine (issue 32): vLLM's priority scheduling
+    "priority": ("--scheduling-policy", "priority"),
 }
 ENVS: dict[str, dict[str, str]] = {"lora": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}}
 
