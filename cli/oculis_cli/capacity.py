@@ -39,9 +39,13 @@ def _plan_flags(p: argparse.ArgumentParser, log: bool = False) -> None:
                         help="the model's Hugging Face config.json as downloaded (quantization_config included)")
     p.add_argument("--gpu", required=not log, help=f"one of {', '.join(gpus.GPU_PRODUCTS)}")
     p.add_argument("--tensor-parallel", type=int, default=None if log else 1, metavar="N")
-    p.add_argument("--max-model-len", type=int)
-    p.add_argument("--max-num-seqs", type=int)
-    p.add_argument("--max-num-batched-tokens", type=int)
+    # The defaults said where they come from (QA3 Part 2 #22: hidden, and not vLLM's own, so `sim serve` on the
+    # same model and GPU gave another KV figure with no way to tell why).
+    p.add_argument("--max-model-len", type=int, help="default: the model's context length")
+    p.add_argument("--max-num-seqs", type=int, help="default: the --profile's (interactive 128, rag 64, batch 256), "
+                   "not vLLM's own (1024 on an 80 GB GPU); give vLLM's value to plan an engine started without it")
+    p.add_argument("--max-num-batched-tokens", type=int, help="default: the --profile's (interactive 2048, rag 8192, "
+                   "batch 16384), not vLLM's own (8192 on an 80 GB GPU)")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default=None if log else "auto")
     p.add_argument("--quantization", choices=["awq", "gptq", "fp8", "compressed-tensors"],
                    help="vLLM's --quantization (a config.json's quantization_config is read by itself)")
@@ -180,6 +184,13 @@ def _common(command: str, args: argparse.Namespace) -> tuple[str, Any] | int:
     return product.key, inline
 
 
+def capacity_defaults(product: str) -> tuple[int, int]:
+    """vLLM's own (max_num_seqs, max_num_batched_tokens) on this GPU, as the operator's capacity model has them."""
+    from oculis_operator.capacity import vllm_defaults
+
+    return vllm_defaults(gpus.lookup(product))
+
+
 def _print_plan(args: argparse.Namespace, product: str, result: dict[str, Any]) -> None:
     gib = 1024**3
     print(f"{args.model} on {product} x{args.tensor_parallel}")
@@ -189,6 +200,15 @@ def _print_plan(args: argparse.Namespace, product: str, result: dict[str, Any]) 
         print(f"  KV cache tokens      {result['kv_cache_tokens']:10d}")
         print(f"  max concurrency      {result['max_concurrency']:10d} sequences of {result['tokens_per_seq']} "
               "tokens")
+        print(f"  engine settings      max_num_seqs {result['max_num_seqs']}, max_num_batched_tokens "
+              f"{result['max_num_batched_tokens']}, max_model_len {result['max_model_len']}")
+        unset = [f for f, v in (("--max-num-seqs", args.max_num_seqs),
+                                ("--max-num-batched-tokens", args.max_num_batched_tokens)) if v is None]
+        if unset:
+            seqs, batched = capacity_defaults(product)
+            print(f"  note: {' and '.join(unset)} unset: the {args.profile} profile's values above; vLLM started "
+                  f"without them uses max_num_seqs {seqs}, max_num_batched_tokens {batched} on this GPU (as `oculis "
+                  "sim serve` does): pass them to plan that engine")
         if result.get("lora_weights_bytes"):
             print(f"  LoRA per GPU         {result['lora_weights_bytes'] / 2**20:10.0f} MiB adapter slots (in the "
                   f"weights), {result['lora_shrink_bytes'] / 2**20:.1f} MiB shrink buffer (in the activations)")

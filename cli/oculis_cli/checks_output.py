@@ -82,6 +82,8 @@ def line(text: str, out: TextIO) -> None:
 def money(v: float | None) -> str:
     if v is None:
         return "-"
+    if abs(v) < 5e-7:  # below the last digit shown: never "$-0.000000" (QA3 Part 2 #7)
+        v = 0.0
     if abs(v) >= 100:
         return f"${v:,.2f}"
     return f"${v:,.4f}" if abs(v) >= 0.01 else f"${v:.6f}"

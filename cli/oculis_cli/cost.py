@@ -86,15 +86,15 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
 
 def render(rep: dict[str, Any], stdout: TextIO) -> None:
     keys = rep["group_by"]
-    cols = [*keys, "requests", "calls", "cache hits", "prompt tok", "output tok", "cached tok", "token $", "$/1k req",
-            "cache saving $", "GPU $"]
-    rows = [[*(r[k] for k in keys), f"{r['requests']:,}", f"{r['calls']:,}", f"{r['cache_hits']:,}",
-             f"{r['prompt_tokens']:,}",
+    cols = [*keys, "requests", "answered", "calls", "cache hits", "prompt tok", "output tok", "cached tok", "token $",
+            "$/1k req", "cache saving $", "GPU $"]
+    rows = [[*(r[k] for k in keys), f"{r['requests']:,}", f"{r['answered']:,}", f"{r['calls']:,}",
+             f"{r['cache_hits']:,}", f"{r['prompt_tokens']:,}",
              f"{r['completion_tokens']:,}", f"{r['cached_tokens']:,}", out.money(r["token_dollars"]),
              out.money(r["dollars_per_1k_requests"]), out.money(r["cache_saving_dollars"]),
              out.money(r["gpu_dollars"])] for r in rep["rows"]]
     t = rep["total"]
-    rows.append(["total", *([""] * (len(keys) - 1)), f"{t['requests']:,}", f"{t['calls']:,}",
+    rows.append(["total", *([""] * (len(keys) - 1)), f"{t['requests']:,}", f"{t['answered']:,}", f"{t['calls']:,}",
                  f"{t['cache_hits']:,}",
                  f"{t['prompt_tokens']:,}", f"{t['completion_tokens']:,}", f"{t['cached_tokens']:,}",
                  out.money(t["token_dollars"]), "", out.money(t["cache_saving_dollars"]), out.money(t["gpu_dollars"])])
@@ -110,9 +110,10 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
                   "" if a["share_of_upstream_dollars"] is None else f"{a['share_of_upstream_dollars']:.1%}"]
                  for a in rep["adapters"]]
         out.table("LoRA adapters (counted per call: oculis_adapter_*_total)", acols, arows, stdout, right=acols[2:])
-    out.line("requests: answered by the row's tier; calls: billed calls (answers given, answers a later tier "
-             "replaced, a verifier's gradings): token $ (but a LoRA adapter's, counted per call), cache saving and "
-             "GPU $ are shared out by them", stdout)
+    out.line("requests: taken by the row's tier, any outcome (errors and broken streams too); answered: those it "
+             "answered (ok or a cache hit), what $/1k req divides by; calls: billed calls (answers given, answers a "
+             "later tier replaced, a verifier's gradings): token $ (but a LoRA adapter's, counted per call), cache "
+             "saving and GPU $ are shared out by them", stdout)
     for k, v in rep["basis"].items():
         out.line(f"{k}: {v}", stdout)
     out.line(f"note: {rep['note']}", stdout)

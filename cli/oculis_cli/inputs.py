@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 from oculis import ConfigError, RouterConfig, parse_config
 from oculis_measure.inputs import InputError, load_yaml, read_text
 
-__all__ = ["InputError", "finite_float", "load_yaml", "port_number", "read_config", "read_text"]
+__all__ = ["InputError", "finite_float", "load_yaml", "port_number", "read_config", "read_text", "writable"]
 
 
 def one_line(exc: BaseException) -> str:
@@ -48,3 +49,15 @@ def port_number(raw: str) -> int:
     if not (raw.isascii() and raw.isdigit()) or int(raw) > 65535:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a port; give 0-65535")
     return int(raw)
+
+
+def writable(path: Path, flag: str, example: str = "out.json") -> None:
+    """An output file the command will write at its end, checked before any work: a run whose results could not
+    be written was thrown away after its whole duration (QA3 Part 2 #9). InputError naming the flag otherwise."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise InputError(f"{flag} {path}: is a directory; give a file name inside it, e.g. {path / example}")
+    if not folder.is_dir():
+        raise InputError(f"{flag} {path}: its folder {folder} does not exist; create it first or pick another path")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise InputError(f"{flag} {path}: cannot write there (permission denied); pick a writable path")

@@ -6,12 +6,13 @@ Exit codes: 0 success, 1 failure, 2 bad arguments (argparse's own convention).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from oculis import __version__
-from oculis_cli import bench, cache_advise, capacity, classifier, cost, deps, eval_run, route, serve
+from oculis_cli import bench, cache_advise, capacity, classifier, cost, deps, epp, eval_run, route, serve
 
 
 class Parser(argparse.ArgumentParser):
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     route.register(sub)
     capacity.register(sub)
     serve.register(sub)
+    epp.register(sub)
     bench.register(sub)
     eval_run.register(sub)
     cost.register(sub)
@@ -58,10 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a shell reports for a command a closed pipe stopped (128 + SIGPIPE), as `cat` killed by it does.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe's error can no longer be caught
+    except BrokenPipeError:
+        # The reader left (`| head`): stop quietly, as the CLI tools it is piped with do, never a traceback
+        # (QA3 Part 2 #14). Python's own recipe: point stdout at devnull so the flush at exit cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return code
 
 

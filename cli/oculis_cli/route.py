@@ -132,6 +132,14 @@ def run_analyze(args: argparse.Namespace, stdin: TextIO | None = None, stdout: T
     if args.since is not None or args.start is not None:
         from oculis_cli import route_window
 
+        # The router's counters hold no per-request complexity to place thresholds by: flags that need a sample
+        # were silently ignored over a window (QA3 Part 2 #13).
+        for flag, value in (("--shares", args.shares), ("--sample", args.sample)):
+            if value is not None:
+                print(f"oculis route analyze: {flag} {value} needs a sample to score, not a metrics window: drop "
+                      "--since/--from, and give --sample FILE (or prompts on stdin) with --shares", file=sys.stderr)
+                return 2
+
         return route_window.run(args)  # writes to the current sys.stdout (a test's capture too)
     if args.config is None:
         print("oculis route analyze: give --config FILE to score a sample, or --since 7d for the route's metrics",

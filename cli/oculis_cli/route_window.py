@@ -61,7 +61,7 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
     rate = "-" if esc["rate"] is None else f"{100 * esc['rate']:.1f}%"
     reasons = ", ".join(f"{k} {v}" for k, v in esc["by_reason"].items()) or "none"
     out.line(f"escalation rate: {rate} = {esc['escalated']} escalated / {esc['of_requests']} requests the route "
-             f"answered ({reasons})", stdout)
+             f"took, any outcome ({tot['answered']:,} answered) ({reasons})", stdout)
     out.line(f"monthly: {rep['monthly_scaling']}; baseline: {base['rule']}", stdout)
     out.line(f"attribution: {rep['attribution']}", stdout)
     if "cascade" in rep:

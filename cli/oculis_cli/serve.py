@@ -14,13 +14,18 @@ from typing import Any
 from oculis.router import ConfigError, redis_url_problem
 from oculis_cli.inputs import InputError, finite_float, one_line, port_number, read_config
 
+DEFAULT_METRICS_PORT = 9464
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the OpenAI-compatible router from a config file")
     p.add_argument("--config", required=True, type=Path, help="oculis-config.yaml (reloaded when it changes)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=port_number, default=8080)
-    p.add_argument("--metrics-port", type=port_number, default=9090, help="Prometheus metrics (0: off)")
+    # Not 9090: that is Prometheus's own default port (and the analysis commands' --prometheus-url), so a local
+    # Prometheus started with its defaults clashed with the router (QA3 Part 2 #11). 9464: the usual exporter port.
+    p.add_argument("--metrics-port", type=port_number, default=DEFAULT_METRICS_PORT,
+                   help=f"Prometheus metrics (0: off; default {DEFAULT_METRICS_PORT}, apart from Prometheus's 9090)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--wait-for-config", action="store_true",
                    help="if the config file does not exist yet, start anyway: not ready (503) until it appears")

@@ -9,6 +9,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
+# Names of upstreams, routes and tiers: DNS labels, so each can be a Kubernetes object's name and a metric label.
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+NAME_RULE = ("not a name: use lowercase letters, digits and '-', starting and ending with a letter or digit, at most "
+             "63 characters (a DNS label), e.g. llama-8b")
+
 
 class Model(BaseModel):
     model_config = ConfigDict(
@@ -37,4 +42,7 @@ def _message(err: Any) -> str:
     msg = str(err["msg"])
     if err["type"] == "extra_forbidden":
         return "unknown field; remove it or check its spelling"
+    if err["type"] == "string_pattern_mismatch" and (err.get("ctx") or {}).get("pattern") == NAME_PATTERN:
+        # The rule in words, not the regular expression (QA3 Part 2 #16)
+        return NAME_RULE
     return msg.removeprefix("Value error, ")

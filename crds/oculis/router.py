@@ -64,9 +64,12 @@ class SemanticTier(Model):
     """Tier name (shown in X-Oculis-Tier and metrics)"""
     match: TierMatch = Field(default_factory=TierMatch)
     """Rules for this tier; the last tier must have none"""
-    complexity_below: float | None = Field(None, gt=0, le=1, exclude=True)
+    # The flat spellings' bounds are the CRD's only (the API server checks what a user writes flat); in Python
+    # their value is the match's, checked there once (a bad value was two errors, one per spelling: QA3 Part 2 #17).
+    complexity_below: float | None = Field(None, exclude=True, json_schema_extra={
+        "minimum": 0, "exclusiveMinimum": True, "maximum": 1})
     """Flat spelling of match.complexityBelow (one spelling per tier); reads back the match's value"""
-    max_prompt_tokens: int | None = Field(None, ge=1, exclude=True)
+    max_prompt_tokens: int | None = Field(None, exclude=True, json_schema_extra={"minimum": 1})
     """Flat spelling of match.maxPromptTokens (one spelling per tier); reads back the match's value"""
     upstream: str = Field(max_length=253)
     """Upstream (GPUUpstream name) that answers"""

@@ -8,14 +8,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from oculis.adapters import AdapterName
+from oculis.base import NAME_PATTERN as NAME_PATTERN  # re-exported: the name rule's long-standing home
 from oculis.base import Model
 
 Provider = Literal["vllm", "openai", "anthropic", "openai-compatible"]
 # Where a hosted provider answers when no base URL is given.
 PROVIDER_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com/v1"}
-NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-
-
 
 class Pricing(Model):
     """Dollars per million tokens, for the router's cost metrics."""
@@ -117,6 +115,11 @@ class Upstream(Model):
     model: str | None = None
     """Model id sent upstream"""
     api_key_env: str | None = Field(None, description="Environment variable holding the API key (never logged)")
+    api_key_file: str | None = Field(None, min_length=1, description="File holding the API key (never logged), "
+                                     "re-read on every call (a mounted Secret's file changes in place); a "
+                                     "relative path is taken from the router's --engine-keys-dir (default "
+                                     "/etc/oculis-engine-keys, where the chart mounts the Secret "
+                                     "oculis-engine-keys). The operator names each self-hosted upstream's key so")
     pricing: Pricing = Field(default_factory=Pricing)
     """Dollars per million tokens"""
     prompt_cache: PromptCache | None = None
@@ -165,6 +168,18 @@ class Upstream(Model):
                                  "e.g. http://10.0.0.7:8000/v1")
             if isinstance(e, dict) and (problem := _zmq_problem(e.get("kv_events"))):
                 raise ValueError(f"endpoints[{i}].kv_events: {problem}")
+        # The router keys replicas by URL (a trailing '/' aside), so a repeated one would be merged into one
+        # replica silently: a copy-paste typo leaves the fleet a replica short (QA3 Part 2 #5).
+        seen: dict[str, int] = {}
+        for i, e in enumerate(value if isinstance(value, list) else []):
+            url = e.get("url") if isinstance(e, dict) else e
+            if not isinstance(url, str):
+                continue
+            key = url.rstrip("/")
+            if key in seen:
+                raise ValueError(f"endpoints[{i}]: {url!r} repeats endpoints[{seen[key]}]; list each replica once "
+                                 "(a second engine needs its own host or port)")
+            seen[key] = i
         return value
 
     @field_validator("adapters", mode="before")
@@ -206,9 +221,17 @@ class Upstream(Model):
         if self.endpoints and self.provider in EXTERNAL_PROVIDERS:
             raise ValueError(f"upstream {self.name!r}: endpoints list replicas of a self-hosted model; provider "
                              f"{self.provider} has none, remove endpoints")
+        if self.base_url and self.endpoints:
+            # The replicas are the endpoints alone, so the base_url's engine would leave the rotation without a
+            # word (QA3 Part 2 #4).
+            raise ValueError(f"upstream {self.name!r}: give base_url or endpoints, not both (the router calls only "
+                             f"the endpoints); to keep {self.base_url} as a replica, add it to endpoints and remove "
+                             "base_url")
         if self.provider in ("vllm", "openai-compatible") and not (self.base_url or self.endpoints):
             raise ValueError(f"upstream {self.name!r}: provider {self.provider} needs base_url (e.g. "
                              "http://host:8000/v1) or endpoints")
+        if self.api_key_env and self.api_key_file:
+            raise ValueError(f"upstream {self.name!r}: api_key_env and api_key_file both give its API key; keep one")
         if self.timeout_seconds is not None and self.timeouts and self.timeouts.first_byte_seconds is not None:
             raise ValueError(f"upstream {self.name!r}: timeout_seconds ({self.timeout_seconds:g}) is the deprecated "
                              "name of timeouts.first_byte_seconds; remove timeout_seconds")

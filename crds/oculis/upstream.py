@@ -20,6 +20,7 @@ from oculis.engine import Engine as Engine  # re-exported: oculis_sim imports it
 from oculis.engine import ModelConfig as ModelConfig  # re-exported: oculis_sim imports it from here
 from oculis.engine import ModelConfigFrom, Traffic
 from oculis.engine import Speculative as Speculative  # re-exported: oculis_sim imports it from here
+from oculis.engine_access import Access
 from oculis.formats import LABEL_VALUE, LABEL_VALUE_RULE, key_problem
 from oculis.placement import GPU, Resources, Toleration
 from oculis.rollout import ROLLOUT_STUCK, Rollout
@@ -109,6 +110,8 @@ class GPUUpstreamSpec(Model):
     """Self-hosted: replicas follow demand (spec.replicas is then only the count before the first decision)"""
     routing: Routing | None = None
     """Self-hosted: how the router picks the replica of each request"""
+    access: Access | None = None
+    """Self-hosted: who may call the engine (its API key; default on)"""
     # external
     base_url: str | None = Field(None, alias="baseURL")
     """External: the provider's base URL (default: the provider's public API)"""
@@ -132,6 +135,11 @@ class GPUUpstreamSpec(Model):
         added or the last removed restarts nothing), or engine.maxLoras is."""
         return self.self_hosted and (self.adapters is not None or (
             self.engine is not None and self.engine.max_loras is not None))
+
+    @property
+    def engine_api_key(self) -> bool:
+        """The engine takes an API key (spec.access.apiKey, default true)."""
+        return self.self_hosted and (self.access is None or self.access.api_key)
 
     @property
     def runtime_adapters(self) -> bool:
@@ -177,6 +185,8 @@ class GPUUpstreamSpec(Model):
                 raise ValueError(TOKENIZER_EXTERNAL)
             if not self.routing.tokenizer.startswith("/"):
                 raise ValueError(f"{TOKENIZER_RELATIVE} (got {self.routing.tokenizer!r})")
+        if self.access is not None and not self.self_hosted:
+            raise ValueError(ACCESS_EXTERNAL)
         if self.adapters and not self.self_hosted:
             raise ValueError("spec.adapters apply only to provider vllm (the engine loads them); remove them")
         if self.adapters and (why := adapter_problem(self.adapters, e.max_lora_rank if e else None)):
@@ -196,6 +206,8 @@ TOKENIZER_EXTERNAL = ("spec.routing.tokenizer applies only to provider vllm (the
                       "among its pods); an external provider has none: remove spec.routing.tokenizer")
 TOKENIZER_RELATIVE = ("spec.routing.tokenizer must be an absolute path inside the router pod, e.g. "
                       "/tokenizers/llama-8b (mounted with the chart's router.extraVolumeMounts)")
+ACCESS_EXTERNAL = ("spec.access applies only to provider vllm (the operator keys the engine it runs); an external "
+                   "provider's key is spec.apiKeySecretRef: remove spec.access")
 SWAP_MESSAGE = (
     "engine.preemptionMode: swap is not supported: vLLM V1 always preempts by recompute (swap was removed "
     "with the V0 engine); set preemptionMode: recompute or leave it unset"
@@ -222,6 +234,7 @@ CEL_RULES: list[dict[str, str]] = [
      "message": PICKER_EXTERNAL, "fieldPath": ".routing.picker"},
     {"rule": "self.provider == 'vllm' || !has(self.routing) || !has(self.routing.tokenizer)",
      "message": TOKENIZER_EXTERNAL, "fieldPath": ".routing.tokenizer"},
+    {"rule": "self.provider == 'vllm' || !has(self.access)", "message": ACCESS_EXTERNAL, "fieldPath": ".access"},
     {"rule": "!has(self.routing) || !has(self.routing.tokenizer) || self.routing.tokenizer.startsWith('/')",
      "message": TOKENIZER_RELATIVE, "fieldPath": ".routing.tokenizer"},
     {"rule": "!has(self.rollout) || !has(self.rollout.maxSurge) || !has(self.rollout.maxUnavailable) "

@@ -23,10 +23,17 @@ T = TypeVar("T")
 sys.path.insert(0, str(E2E))
 import localcluster as localcluster  # noqa: E402  (re-exported)
 
+# Every wait of the suite scales in one place (tests/suite/time_scale.py: OCULIS_TEST_TIME_SCALE and load).
+sys.path.insert(1, str(E2E.parent / "tests" / "suite"))
+from time_scale import Deadline, scaled  # noqa: E402
+
+__all__ = ["CLUSTER", "E2E", "Deadline", "eventually", "localcluster", "oculis_serve", "scaled", "serve_pods"]
+
 
 def eventually(probe: Callable[[], T], timeout: float = 60, interval: float = 0.25, what: str = "") -> T:
-    """Call `probe` until it returns a truthy value without raising; fail with the last state."""
-    deadline = time.monotonic() + timeout
+    """Call `probe` until it returns a truthy value without raising; fail with the last state. `timeout` is
+    the wait on an idle machine: it stretches with the machine (time_scale.Deadline)."""
+    deadline = Deadline(timeout)
     last: Any = None
     while True:
         try:
@@ -35,8 +42,9 @@ def eventually(probe: Callable[[], T], timeout: float = 60, interval: float = 0.
                 return last
         except Exception as exc:  # the probe's own assertion or a 404 while the object appears
             last = exc
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or probe}: last {last!r}", pytrace=False)
+        if deadline.expired():
+            pytest.fail(f"timed out after {deadline.describe()} waiting for {what or probe}: last {last!r}",
+                        pytrace=False)
         time.sleep(interval)
 
 
@@ -55,15 +63,29 @@ def serve_pods(namespace: str) -> Iterator[dict[str, Any]]:
         subprocess.run([str(CLUSTER), "serve-pods", "--stop"], capture_output=True, check=False)
 
 
+def engine_auth(endpoints: Path | str, upstream_or_host: str) -> dict[str, str]:
+    """The Authorization header a sandbox engine pod of this upstream (or Service host, `<name>-vllm[-canary].
+    <ns>.svc`) takes: its API key as the pod stand-in wrote it beside its endpoint map; {} when there is none
+    (spec.access.apiKey false, or the pod not started yet)."""
+    name = upstream_or_host.split(".")[0].removesuffix("-canary").removesuffix("-vllm")
+    try:
+        key = (Path(endpoints).parent / "engine-keys" / name).read_text().strip()
+    except OSError:
+        return {}
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 @contextlib.contextmanager
 def oculis_serve(config: Path, endpoints: Path | str, log: Path, port: int, metrics_port: int = 0) -> Iterator[str]:
     """`oculis serve` on `config` (a router config the operator rendered), reaching the stand-in's pods
-    through its endpoint map; yields the router's URL once /readyz answers 200, and stops it after."""
+    through its endpoint map, with the engines' API keys where the stand-in writes them (as the chart mounts
+    the Secret oculis-engine-keys); yields the router's URL once /readyz answers 200, and stops it after."""
+    env = {**os.environ, "OCULIS_ENGINE_KEYS_DIR": str(Path(endpoints).parent / "engine-keys")}
     with open(log, "wb") as out:
         proc = subprocess.Popen([str(Path(sys.executable).with_name("oculis")), "serve", "--config", str(config),
                                  "--endpoints", str(endpoints), "--port", str(port), "--metrics-port",
                                  str(metrics_port), "--log-level", "warning"],
-                                stdout=out, stderr=out, start_new_session=True)
+                                stdout=out, stderr=out, start_new_session=True, env=env)
         try:
             url = f"http://127.0.0.1:{port}"
             eventually(lambda: httpx.get(f"{url}/readyz").status_code == 200, what="router ready")

@@ -3,6 +3,7 @@ its validating webhook served on 127.0.0.1 under a throwaway self-signed certifi
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -12,8 +13,18 @@ import time
 from pathlib import Path
 
 from e2e_support import localcluster
+from time_scale import Deadline
 
 ROOT = Path(__file__).resolve().parents[2]
+# Who may reach the engines, as the chart renders it for a release `oculis` in oculis-system (engine_access.Peers).
+SANDBOX_PEERS = {
+    "router": {"namespace": "oculis-system", "labels": {"app.kubernetes.io/name": "oculis",
+                                                        "app.kubernetes.io/component": "router"}},
+    "operator": {"namespace": "oculis-system", "labels": {"app.kubernetes.io/name": "oculis",
+                                                          "app.kubernetes.io/component": "operator"}},
+    "monitoringNamespaceLabels": {"kubernetes.io/metadata.name": "monitoring"},
+    "extraFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}}],
+}
 
 
 def free_port() -> int:
@@ -47,7 +58,9 @@ class OperatorProcess:
                     # engine pods (LoRA adapter loading) reached at the pod stand-in's loopback ports, never
                     # at their fake pod IPs
                     "OCULIS_ENGINE_ENDPOINTS": str(localcluster.SIM / "endpoints.json"),
-                    "OCULIS_ADAPTER_SECONDS": "1"}
+                    "OCULIS_ADAPTER_SECONDS": "1",
+                    # a NetworkPolicy per GPUUpstream as the chart configures it (the sandbox enforces none)
+                    "OCULIS_NETWORK_POLICY": json.dumps(SANDBOX_PEERS)}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -67,8 +80,8 @@ class OperatorProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, probe: object, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = Deadline(timeout)
+        while not deadline.expired():
             assert self.proc and self.proc.poll() is None, f"operator exited:\n{self.log()[-3000:]}"
             if callable(probe) and probe():
                 return

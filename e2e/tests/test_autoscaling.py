@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -23,13 +22,14 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import CLUSTER, eventually, localcluster, oculis_serve
+from e2e_support import CLUSTER, engine_auth, eventually, localcluster, oculis_serve
 from kubernetes import client
 from operator_fixture import free_port
+from skips import needs_command
 from test_gpuupstream import World, upstream
 from test_inferenceroute import route
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 G, V = "oculis.dev", "v1alpha1"
 ENGINE = {"maxModelLen": 8192, "maxNumSeqs": 2, "maxNumBatchedTokens": 4096, "gpuMemoryUtilization": 0.9}
 
@@ -98,7 +98,8 @@ def test_a_burst_scales_up_an_outage_never_scales_down_and_quiet_scales_back(wor
     def client_loop() -> None:  # keeps 2 running and more waiting in the one pod's queue
         while not stop.is_set():
             with contextlib.suppress(httpx.HTTPError):  # a timed-out call in the load loop is no failure
-                httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+                httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
+                           headers=engine_auth(served["endpoints"], "burst"), json={
                     "model": "burst", "max_tokens": 200, "messages": [{"role": "user", "content": "go"}]})
 
     threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(12)]

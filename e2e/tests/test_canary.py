@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import subprocess
 import threading
 import uuid
@@ -28,13 +27,14 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import eventually, oculis_serve
+from e2e_support import engine_auth, eventually, oculis_serve
 from kubernetes import client
 from operator_fixture import free_port
+from skips import needs_command
 from test_gpuupstream import World, upstream
 from test_inferenceroute import route
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 ENGINE = {"maxModelLen": 8192, "maxNumSeqs": 32, "maxNumBatchedTokens": 8192, "gpuMemoryUtilization": 0.9}
 CANARY = {"strategy": "Canary", "canary": {"replicas": 1, "duration": "24s", "interval": "8s", "failureLimit": 0,
                                           "minRequests": 5, "checks": {"maxRegressionPercent": 100}}}
@@ -60,11 +60,11 @@ class Load:
         pods: list[dict[str, Any]] = [p for h in self.hosts for p in doc.get(h, {}).get("pods", [])]
         return [int(p["port"]) for p in pods]
 
-    @staticmethod
-    def one(port: int) -> None:
+    def one(self, port: int) -> None:
         # a pod going away mid-request: the next round picks the pods that are there
         with contextlib.suppress(httpx.HTTPError):
-            httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30, json={
+            httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                       headers=engine_auth(self.endpoints, self.hosts[0]), json={
                 "model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": f"{uuid.uuid4()} " + "word " * 1500,
                 "max_tokens": 16})  # a fresh first word: no prefix-cache hit hides the prefill
 

@@ -56,7 +56,9 @@ def test_chart_lints_and_installs(bin_dir: Path, kubeconfig: Path, api: client.A
         assert router.containers[0].args[-3:] == ["--wait-for-config", "--shutdown-grace", "120"]
         role = client.RbacAuthorizationV1Api(api).read_cluster_role(f"{namespace}:{release}-operator")
         secrets = [r for r in role.rules if "secrets" in r.resources]
-        assert [r.verbs for r in secrets] == [["get"]]  # never list or watch Secrets
+        # never list or watch Secrets; patch only the engines' key Secret
+        assert [(r.verbs, r.resource_names) for r in secrets] == [(["get", "create"], None),
+                                                                  (["patch"], ["oculis-engine-keys"])]
         # `helm upgrade` with a new value rolls the router's pod template (a rolling restart).
         up = helm(bin_dir, kubeconfig, "upgrade", release, str(CHART), "-n", namespace,
                   "--set", "router.shutdownGraceSeconds=60")
@@ -138,5 +140,8 @@ def test_the_router_with_a_tokenizer_volume_is_accepted_by_the_api_server(
                and d["metadata"]["name"] == "tok-router")
     made = client.AppsV1Api(api).create_namespaced_deployment(namespace, dep, dry_run="All")
     mounts = {m.mount_path: m.read_only for m in made.spec.template.spec.containers[0].volume_mounts}
-    assert mounts == {"/etc/oculis": True, "/tokenizers/llama-8b": True, "/tokenizers/qwen": True}
-    assert [v.name for v in made.spec.template.spec.volumes] == ["config", "llama-tok", "qwen-tok"]
+    assert mounts == {"/etc/oculis": True, "/etc/oculis-engine-keys": True, "/tokenizers/llama-8b": True,
+                      "/tokenizers/qwen": True}
+    assert [v.name for v in made.spec.template.spec.volumes] == ["config", "engine-keys", "llama-tok", "qwen-tok"]
+    keys = made.spec.template.spec.volumes[1].secret  # the engines' API keys, if the operator wrote any yet
+    assert (keys.secret_name, keys.optional) == ("oculis-engine-keys", True)

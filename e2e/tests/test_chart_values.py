@@ -146,16 +146,17 @@ def test_extra_volumes_reach_the_router_read_only_and_mismatches_are_refused(hel
     container = pod["containers"][0]
     assert container["volumeMounts"] == [
         {"name": "config", "mountPath": "/etc/oculis", "readOnly": True},
+        {"name": "engine-keys", "mountPath": "/etc/oculis-engine-keys", "readOnly": True},  # the engines' API keys
         {"name": "llama-tok", "mountPath": "/tokenizers/llama-8b", "readOnly": True},
         {"name": "qwen-tok", "mountPath": "/tokenizers/qwen", "subPath": "qwen2", "readOnly": True}]
-    assert pod["volumes"][1:] == [{"name": "llama-tok", "configMap": {"name": "llama-8b-tokenizer"}},
+    assert pod["volumes"][2:] == [{"name": "llama-tok", "configMap": {"name": "llama-8b-tokenizer"}},
                                   {"name": "qwen-tok", "persistentVolumeClaim": {"claimName": "tokenizers"}}]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True and pod["securityContext"]["runAsNonRoot"]
     lint = helm(helm_bin, "lint", "--strict", str(CHART), "-f", str(values))
     assert lint.returncode == 0, lint.stdout + lint.stderr
     default = next(d for d in rendered(helm_bin)
                    if d["kind"] == "Deployment" and d["metadata"]["name"] == "oculis-router")
-    assert [v["name"] for v in default["spec"]["template"]["spec"]["volumes"]] == ["config"]
+    assert [v["name"] for v in default["spec"]["template"]["spec"]["volumes"]] == ["config", "engine-keys"]
 
     def refused(*sets: str) -> str:
         out = helm(helm_bin, "template", "r", str(CHART), *(a for s in sets for a in ("--set", s)))

@@ -6,7 +6,6 @@ condition. Windows of seconds; only 127.0.0.1 is dialled."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,12 @@ import pytest
 from e2e_support import eventually, localcluster, oculis_serve
 from kubernetes import client
 from operator_fixture import free_port
+from skips import needs_command
 from test_autoscaling import ENGINE, served, sim_ports  # noqa: F401 (served: the fixture)
 from test_gpuupstream import World, upstream
 from test_inferenceroute import route
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 G, V = "oculis.dev", "v1alpha1"
 
 

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from e2e_support import eventually
 from kubernetes import client
+from skips import DEV_FIX, removable, skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGOCD = ROOT / "charts" / "oculis" / "argocd" / "oculis.dev"
@@ -33,7 +34,7 @@ PLURAL = {"GPUUpstream": "gpuupstreams", "InferenceRoute": "inferenceroutes"}
 def argocd_health(obj: dict[str, Any]) -> dict[str, str]:
     """The kind's health.lua on `obj`, in Lua 5.1 with only what argocd-cm gives a script without
     useOpenLibs (base, table, package, os): as gopher-lua runs it in Argo CD."""
-    lupa = pytest.importorskip("lupa.lua51")
+    lupa = pytest.importorskip("lupa.lua51", reason=removable("lupa not installed", DEV_FIX).render())
     lua = lupa.LuaRuntime(register_eval=False)
     g = lua.globals()
     for lib in ("string", "math", "io", "debug"):
@@ -438,7 +439,7 @@ def helm_only() -> Path:
 def test_the_prometheus_rules_pass_promtool_and_watch_exported_metrics(helm_only: Path, tmp_path: Path) -> None:
     promtool = subprocess.run(["which", "promtool"], capture_output=True, text=True, check=False).stdout.strip()
     if not promtool:
-        pytest.skip("promtool not installed (Debian: apt-get install prometheus)")
+        skip_or_fail(removable("promtool not installed", "apt-get install prometheus"))
     docs = rendered_chart(helm_only, "monitoring.prometheusRule.enabled=true", "monitoring.serviceMonitor.enabled=true",
                           "monitoring.podMonitor.enabled=true", "monitoring.enginePodMonitor.enabled=true")
     kinds = {d["kind"]: d for d in docs if d["metadata"]["name"] != "oculis-engines"}

@@ -8,19 +8,19 @@ A request through the router for the adapter is answered by the adapter once it 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from e2e_support import eventually, oculis_serve
+from e2e_support import engine_auth, eventually, oculis_serve
 from kubernetes import client
+from skips import needs_command
 from test_gpuupstream import World, upstream
 from test_inferenceroute import route
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 G, V = "oculis.dev", "v1alpha1"
 ROUTER_PORT = 31080
 
@@ -65,7 +65,8 @@ def test_adapters_load_and_unload_on_running_pods_without_a_restart(
     assert "--enable-lora" in argv and "--max-loras=2" in argv and "--lora-modules" not in argv
 
     def adapters_on(port: int) -> dict[str, str]:
-        data = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"]
+        data = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5,
+                         headers=engine_auth(endpoints, "llm")).json()["data"]
         return {m["id"]: m["parent"] for m in data if m.get("parent")}
 
     def status() -> dict[str, Any]:

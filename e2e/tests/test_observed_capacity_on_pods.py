@@ -4,16 +4,16 @@ writes status.capacity {plannedTokens, observedTokens, errorPercent}, shown as O
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from typing import Any
 
 import pytest
 from e2e_support import eventually
 from kubernetes import client
+from skips import needs_command
 from test_gpuupstream import World, upstream
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 
 
 @pytest.fixture

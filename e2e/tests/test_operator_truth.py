@@ -54,7 +54,9 @@ def test_hand_edits_of_what_the_operator_made_are_reverted_and_reported_once(wor
 
     def reverted() -> bool:
         c = world.deployment("owned").spec.template.spec.containers[0]
-        return c.image == "vllm/vllm-openai:v0.20.0" and c.args == args and not c.env
+        # the env back to ours alone: the engine's API key from its Secret
+        return c.image == "vllm/vllm-openai:v0.20.0" and c.args == args and [e.name for e in c.env or []] == [
+            "VLLM_API_KEY"] and c.env[0].value_from.secret_key_ref.key == "owned"
 
     eventually(reverted, what="Deployment template reverted")
     found = eventually(lambda: events(world, "owned", "DriftReverted"), what="a DriftReverted event")

@@ -5,7 +5,6 @@ new pod says enable_prefix_caching False, the old pod's series go stale)."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +17,12 @@ from test_gpuupstream import World, upstream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "realengine"))
 import realvllm
+from skip_causes import parse
+from skips import needs_command, skip_or_fail
 
 from oculis_operator.promquery import prometheus_result
 
-pytestmark = [pytest.mark.realengine,
-              pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")]
+pytestmark = [pytest.mark.realengine, needs_command("prometheus", "prometheus")]
 REAL = {"oculis.dev/e2e-real-vllm": "true"}
 ENGINE_START_S = 600  # a real engine start on a busy 2-core machine, plus the stand-in's poll
 
@@ -30,7 +30,7 @@ ENGINE_START_S = 600  # a real engine start on a busy 2-core machine, plus the s
 @pytest.fixture
 def engine_lock() -> Iterator[None]:
     if problem := realvllm.venv_problem(realvllm.venv_dir()):
-        pytest.skip(problem)
+        skip_or_fail(parse(problem))
     realvllm.tiny_model(realvllm.venv_dir())  # built before the stand-in needs it
     with realvllm.engine_lock():
         yield

@@ -10,7 +10,6 @@ sends that host's pods to the simulators' loopback ports."""
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,11 @@ import pytest
 from e2e_support import eventually, oculis_serve
 from kubernetes import client
 from operator_fixture import free_port
+from skips import needs_command
 from test_gpuupstream import World, upstream
 from test_inferenceroute import route
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 G, V = "oculis.dev", "v1alpha1"
 PREFIXES = [" ".join(f"g{g}w{i}" for i in range(300)) for g in range(3)]
 

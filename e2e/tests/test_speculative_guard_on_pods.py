@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import threading
 import uuid
 from pathlib import Path
@@ -16,11 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import eventually
+from e2e_support import engine_auth, eventually
 from kubernetes import client
+from skips import needs_command
 from test_gpuupstream import World, upstream
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 
 
 @pytest.fixture
@@ -41,10 +41,11 @@ def load(endpoints: Path, hosts: list[str], stop: threading.Event) -> None:
             doc = json.loads(endpoints.read_text())
         except (OSError, ValueError):
             doc = {}
-        ports = [p["port"] for h in hosts for p in doc.get(h, {}).get("pods", [])]
-        for port in ports:
+        ports = [(p["port"], h) for h in hosts for p in doc.get(h, {}).get("pods", [])]
+        for port, host in ports:
             with contextlib.suppress(httpx.HTTPError):
-                httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30, json={
+                httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30, headers=engine_auth(endpoints, host),
+                           json={
                     "model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": f"{uuid.uuid4()} tell me more",
                     "max_tokens": 64})
         if not ports:

@@ -29,6 +29,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 
 from oculis import endpoint_map
 from oculis.upstream import GPUUpstreamSpec
+from oculis_operator import access_sync
 from oculis_operator import adapter_loading as core
 from oculis_operator.engine_args import PORT
 from oculis_operator.kube import Kube
@@ -99,9 +100,12 @@ _retry = retry(retry=retry_if_exception(_refused), stop=stop_after_attempt(3),
 
 
 @_retry
-def _request(url: str, body: dict[str, Any] | None, timeout: float) -> bytes:
+def _request(url: str, body: dict[str, Any] | None, timeout: float, key: str | None = None) -> bytes:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    headers = {"Content-Type": "application/json"} if data else {}
+    if key:  # the engine's API key (engine_access): its /v1 refuses the call without it; never logged
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=data, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         out: bytes = resp.read()
         return out
@@ -128,24 +132,25 @@ def _why(exc: Exception) -> str:
     return f"engine not reachable: {exc}"
 
 
-def read_pod(name: str, url: str | None, unreachable: str = NO_IP, mounts: frozenset[str] = frozenset()) -> core.Pod:
+def read_pod(name: str, url: str | None, unreachable: str = NO_IP, mounts: frozenset[str] = frozenset(),
+             key: str | None = None) -> core.Pod:
     """The adapters the pod's engine lists in /v1/models (entries with a parent: the LoRAs)."""
     if url is None:
         return core.Pod(name, None, unreachable, mounts)
     try:
-        doc = json.loads(_request(f"{url}/v1/models", None, READ_TIMEOUT_S))
+        doc = json.loads(_request(f"{url}/v1/models", None, READ_TIMEOUT_S, key))
         loaded = {str(m["id"]): str(m.get("root") or "") for m in doc["data"] if m.get("parent")}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return core.Pod(name, None, _why(exc), mounts)
     return core.Pod(name, loaded, None, mounts)
 
 
-def call(url: str, action: core.Action) -> str | None:
+def call(url: str, action: core.Action, key: str | None = None) -> str | None:
     """Ask the engine; None when done (an unload of what is gone, or a load of what is there, counts as done:
     the next read shows the truth), else its answer."""
     try:
         _request(f"{url}/v1/{action.verb}_lora_adapter", action.body(),
-                 LOAD_TIMEOUT_S if action.verb == "load" else READ_TIMEOUT_S)
+                 LOAD_TIMEOUT_S if action.verb == "load" else READ_TIMEOUT_S, key)
     except urllib.error.HTTPError as exc:
         why = _why(exc)
         if (action.verb == "unload" and "cannot be found" in why) or "has already been loaded" in why:
@@ -165,22 +170,23 @@ class State:
 
 
 def sync(spec: GPUUpstreamSpec, pods: list[dict[str, Any]], state: State, now: float,
-         overrides: dict[tuple[str, str], int] | None, in_cluster: bool = True) -> tuple[State, list[str]]:
+         overrides: dict[tuple[str, str], int] | None, in_cluster: bool = True, key: str | None = None
+         ) -> tuple[State, list[str]]:
     """One pass over the upstream's ready pods: read, act, report. Returns the new state and what was done
-    (one line per adapter and verb, for the log and a Normal Event)."""
+    (one line per adapter and verb, for the log and a Normal Event). `key`: the engines' API key."""
     serving = [p for p in pods if ready(p)]
     found = {p["metadata"]["name"]: engine_url(p, overrides, in_cluster) for p in serving}
     urls = {name: url for name, (url, _) in found.items()}
     seen = []
     for p in serving:
         name = p["metadata"]["name"]
-        seen.append(read_pod(name, *found[name], mounts=adapter_mounts(p)))
+        seen.append(read_pod(name, *found[name], mounts=adapter_mounts(p), key=key))
     want = wants(spec)
     actions = core.plan(want, seen, state.failures, now, spec.runtime_adapters)
     done = []
     for action in actions:
         url = urls.get(action.pod)
-        done.append((action, call(url, action) if url else "no address for its engine"))
+        done.append((action, call(url, action, key) if url else "no address for its engine"))
     held = core.after(seen, done)
     failures = core.record(state.failures, done, held, now, want)
     return State(failures, core.report(want, held, failures)), summary(done)
@@ -204,7 +210,8 @@ def overrides_from_env() -> dict[tuple[str, str], int] | None:
 
 def pass_one(kube: Kube, key: tuple[str, str], spec: GPUUpstreamSpec, state: State) -> tuple[State, list[str]]:
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))  # set in every pod by the kubelet
-    return sync(spec, kube.engine_pods(*key), state, time.time(), overrides_from_env(), in_cluster)
+    engine_key = access_sync.engine_key(kube, *key) if spec.engine_api_key else None
+    return sync(spec, kube.engine_pods(*key), state, time.time(), overrides_from_env(), in_cluster, engine_key)
 
 
 async def run(kube: Kube, changed: Callable[[str, str], Awaitable[None]], interval: float) -> None:

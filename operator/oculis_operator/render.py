@@ -15,6 +15,7 @@ from typing import Any
 
 from oculis import gpus
 from oculis.adapters import RUNTIME_LORA_ENV, adapter_volumes
+from oculis.engine_access import ENGINE_KEY_ENV, ENGINE_KEYS_SECRET
 from oculis.router_upstream import KV_EVENTS_PORT
 from oculis.upstream import GPUUpstreamSpec
 from oculis_operator.engine_args import PORT, VLLM_IMAGE, publishes_kv_events
@@ -50,17 +51,24 @@ def startup_failure_threshold(weights_bytes: int) -> int:
     return max(30, min(180, math.ceil(seconds / 10)))
 
 
-def generate_probe(name: str, timeout_s: int = 30) -> dict[str, Any]:
+def generate_probe(name: str, timeout_s: int = 30, keyed: bool = False) -> dict[str, Any]:
     """A startup probe that generates one token: vLLM answers /health once the server is up, which can be
     before the first request compiles or loads what it needs, so a rollout would count a replica that
     cannot serve yet. The vLLM image has python3; the request goes to the pod's own port and names the
-    served alias, with max_tokens 1 (one decode step, no sampling cost worth the name)."""
+    served alias, with max_tokens 1 (one decode step, no sampling cost worth the name). `keyed`: the engine
+    takes an API key, which the probe sends from the container's own VLLM_API_KEY (never in the pod spec)."""
     body = json.dumps({"model": name, "prompt": "ping", "max_tokens": 1})
-    script = ("import sys,urllib.request as u;"
+    auth = f",'Authorization':'Bearer '+os.environ['{ENGINE_KEY_ENV}']" if keyed else ""
+    script = (f"import {'os,' if keyed else ''}sys,urllib.request as u;"
               f"r=u.urlopen(u.Request('http://127.0.0.1:{PORT}/v1/completions',data=sys.argv[1].encode(),"
-              f"headers={{'Content-Type':'application/json'}}),timeout={timeout_s});"
+              f"headers={{'Content-Type':'application/json'{auth}}}),timeout={timeout_s});"
               "sys.exit(0 if b'\"choices\"' in r.read() else 1)")
     return {"exec": {"command": ["python3", "-c", script, body]}, "periodSeconds": 10, "timeoutSeconds": timeout_s}
+
+
+def engine_key_env(name: str) -> dict[str, Any]:
+    """The engine's API key (oculis.engine_access): this upstream's key in the namespace's Secret."""
+    return {"name": ENGINE_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ENGINE_KEYS_SECRET, "key": name}}}
 
 
 def pod_template(name: str, spec: GPUUpstreamSpec, argv: list[str], weights_bytes: int) -> dict[str, Any]:
@@ -85,7 +93,8 @@ def pod_template(name: str, spec: GPUUpstreamSpec, argv: list[str], weights_byte
             "resources": resources,
             # vLLM answers /health only once weights, profiling and graphs are done: never a TCP probe.
             # Started = it generated a token; then /health (cheap) keeps it ready and alive.
-            "startupProbe": {**generate_probe(name), "failureThreshold": startup_failure_threshold(weights_bytes)},
+            "startupProbe": {**generate_probe(name, keyed=spec.engine_api_key),
+                             "failureThreshold": startup_failure_threshold(weights_bytes)},
             "readinessProbe": {**probe, "failureThreshold": 3},
             "livenessProbe": {**probe, "failureThreshold": 6},
             "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
@@ -104,6 +113,9 @@ def pod_template(name: str, spec: GPUUpstreamSpec, argv: list[str], weights_byte
             container["env"] = [{"name": RUNTIME_LORA_ENV, "value": "True"}]
         container["volumeMounts"] += mounts
         pod_spec["volumes"] += volumes
+    if spec.engine_api_key:  # vLLM reads VLLM_API_KEY as --api-key; the value stays in the Secret
+        container = pod_spec["containers"][0]
+        container["env"] = [*container.get("env", []), engine_key_env(name)]
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     template: dict[str, Any] = {"metadata": {"labels": labels(name)}, "spec": pod_spec}
@@ -194,8 +206,9 @@ def canary_service(name: str, namespace: str, uid: str) -> dict[str, Any]:
 
 
 # Gateway API Inference Extension: a pool of model-server pods a Gateway routes to (rendered only where
-# the cluster has the CRD). No endpointPickerRef: the Oculis router picks for its own traffic; an
-# ext_proc picker on the same core (oculis_router.picking) can be named here later.
+# the cluster has the CRD). No endpointPickerRef: the Oculis router picks for its own traffic. A Gateway that
+# should pick through `oculis epp` gets its own pool over the same pods from the chart (templates/epp.yaml,
+# epp.pools: selector and port as here; e2e/tests/test_chart_epp.py keeps the two equal).
 INFERENCE_POOL = ("inference.networking.k8s.io", "v1", "inferencepools")
 
 

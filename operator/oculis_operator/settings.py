@@ -11,11 +11,16 @@
   compared with what its engines hold and loaded/unloaded (adapter_sync); OCULIS_ENGINE_ENDPOINTS=FILE:
   reach engine pods at the 127.0.0.1 ports of the pod stand-in's endpoint map instead of their pod IPs.
   OCULIS_PROMETHEUS_URL: where the engines' and the router's metrics are queried (unset: no metric reads).
+  OCULIS_NETWORK_POLICY: JSON of who may reach the engine pods (engine_access.Peers; the chart writes it
+  from values networkPolicy); unset: no NetworkPolicy per GPUUpstream.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+
+from oculis_operator import engine_access
 
 WEBHOOK_PORT = os.environ.get("OCULIS_WEBHOOK_PORT")
 RECHECK_SECONDS = float(os.environ.get("OCULIS_RECHECK_SECONDS", "10"))
@@ -27,3 +32,10 @@ AUTOSCALE_DEMAND_WINDOW_SECONDS = float(os.environ.get("OCULIS_AUTOSCALE_DEMAND_
 # The speculative-decoding guard's window: acceptance is judged over this many seconds.
 SPECULATIVE_WINDOW_SECONDS = int(os.environ.get("OCULIS_SPECULATIVE_WINDOW_SECONDS", "300"))
 ADAPTER_SECONDS = float(os.environ.get("OCULIS_ADAPTER_SECONDS", "5"))  # the LoRA adapter sync's period
+# Who may reach the engines (engine_access.Peers as JSON, rendered by the chart from values networkPolicy);
+# unset: no NetworkPolicy is rendered (the operator run outside the chart does not know the router's labels).
+try:
+    NETWORK_POLICY = engine_access.parse_peers(os.environ.get(engine_access.POLICY_ENV))
+except ValueError as _exc:  # one line and out, before kopf starts: every upstream would render it
+    print(f"oculis operator: error: {_exc}", file=sys.stderr)
+    sys.exit(2)

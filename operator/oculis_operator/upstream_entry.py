@@ -1,6 +1,7 @@
 """A GPUUpstream as an entry of the router's config: its base URL (the Service, or the provider's),
-the stable alias it serves, revision, picker and tokenizer, adapters, canary share, cold state and, for an
-external provider, the environment variable its API key comes in. Pure.
+the stable alias it serves, revision, picker and tokenizer, adapters, canary share, cold state, and its
+API key: for a self-hosted engine the file of its key in the router's engine-keys directory, for an
+external provider the environment variable its key comes in. Pure.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] 
     if spec["provider"] == "vllm":
         entry["base_url"] = render.endpoint(name, meta["namespace"])
         entry["revision"] = status.get("engineHash") or "pending"
+        if (spec.get("access") or {}).get("apiKey", True) is not False:
+            # The engine's key, a file of the Secret oculis-engine-keys the chart mounts in the router at
+            # ENGINE_KEYS_DIR (engine_access): relative, so `oculis serve` outside a pod can point elsewhere.
+            entry["api_key_file"] = name
         routing = spec.get("routing") or {}
         if picker := routing.get("picker"):
             entry["picker"] = picker

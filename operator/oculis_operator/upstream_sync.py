@@ -16,13 +16,14 @@ from urllib3.exceptions import HTTPError
 from oculis.upstream import GPUUpstreamSpec
 from oculis_operator import hfconfig, promquery, reconcile_io, render, rollout, speculative
 from oculis_operator import reconcile as core
+from oculis_operator.access_sync import ensure_key, sync_policy
 from oculis_operator.api_errors import api_error_line, going_away
 from oculis_operator.conditions import condition, status_changed, utc_now
 from oculis_operator.kube import Kube
 from oculis_operator.metric_reads import autoscale_decision, read_canary, read_speculation
 from oculis_operator.metrics import OperatorMetrics
 from oculis_operator.route_sync import render_routes_or_recheck
-from oculis_operator.settings import PROMETHEUS_URL, RECHECK_SECONDS, SPECULATIVE_WINDOW_SECONDS
+from oculis_operator.settings import NETWORK_POLICY, PROMETHEUS_URL, RECHECK_SECONDS, SPECULATIVE_WINDOW_SECONDS
 
 WAITING_REASONS = {"SecretNotFound", "SecretKeyMissing"}
 
@@ -149,6 +150,13 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
         kube.patch_status(ns, name, out.status)
         if status_changed(for_routes(status), for_routes(out.status)):
             render_routes_or_recheck(kube, ns, logger)  # readiness and engine hash feed the router config
+    parsed = None if external else spec_or_none(spec)
+    if parsed is not None and (out.create or dep is not None):
+        # The key before the Deployment that reads it (a pod without it would not start), and the policy.
+        for line in (ensure_key(kube, ns, name, meta["uid"]) if parsed.engine_api_key else None,
+                     sync_policy(kube, ns, name, meta["uid"], parsed, NETWORK_POLICY)):
+            if line:
+                out.log.append(line)
     for body in out.create:
         kube.create(body)
     if not external and kube.apply_inference_pool(render.inference_pool(name, ns, meta["uid"]),
@@ -173,13 +181,18 @@ def reconcile_one(kube: Kube, upstream: dict[str, Any], logger: kopf.Logger, met
     kube.reported[(ns, name)] = now_warnings
 
 
+def spec_or_none(spec: dict[str, Any]) -> GPUUpstreamSpec | None:
+    """The parsed spec, or None when invalid (the reconcile reports why)."""
+    try:
+        return GPUUpstreamSpec.model_validate(spec)
+    except ValidationError:
+        return None
+
+
 def register_adapters(kube: Kube, key: tuple[str, str], spec: dict[str, Any]) -> None:
     """An upstream whose engines serve LoRA is visited by the adapter sync (adapter_sync.run) with its spec;
     one that stopped (or whose spec is invalid: the reconcile reports it) is not."""
-    try:
-        parsed = GPUUpstreamSpec.model_validate(spec)
-    except ValidationError:
-        parsed = None
+    parsed = spec_or_none(spec)
     if parsed is not None and parsed.lora_enabled:
         before = kube.lora_upstreams.get(key)
         kube.lora_upstreams[key] = parsed

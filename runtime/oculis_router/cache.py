@@ -11,6 +11,7 @@ key; its size is bounded by the Redis server's maxmemory with an LRU eviction po
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -205,9 +206,39 @@ class RedisStore:
 
 
 def new_redis_client(url: str) -> Any:
+    """The router's Redis client (cache and limits): short timeouts, and a pool that closes every idle
+    connection once it finds one the server closed (_recycling_pool)."""
     import redis.asyncio as redis
 
-    return redis.from_url(url, socket_timeout=RedisStore.TIMEOUT_S, socket_connect_timeout=RedisStore.TIMEOUT_S)
+    pool = _recycling_pool().from_url(url, socket_timeout=RedisStore.TIMEOUT_S,
+                                      socket_connect_timeout=RedisStore.TIMEOUT_S)
+    return redis.Redis.from_pool(pool)
+
+
+@functools.cache
+def _recycling_pool() -> Any:
+    """A redis.asyncio ConnectionPool class (made on first use: redis is imported only where a store uses it).
+
+    When Redis restarts it closes every connection; the pool finds that out only for the one it hands
+    out next, which redis-py reconnects quietly (no error, so drop_idle never ran), and every other idle
+    connection stayed open in CLOSE_WAIT for good. Here a connection found closed by the server closes the
+    pool's other idle ones with it: they were all closed by the same restart."""
+    import redis.asyncio as redis
+
+    class RecyclingPool(redis.ConnectionPool):
+        async def ensure_connection(self, connection: Any) -> None:
+            # can_read (redis-py 8) is what can_read_destructive was (5 to 7): data or EOF waiting.
+            can_read = getattr(connection, "can_read", None) or connection.can_read_destructive
+            try:
+                closed = connection.is_connected and await can_read()
+            except (redis.ConnectionError, OSError, TimeoutError):
+                closed = True
+            if closed:
+                with contextlib.suppress(Exception):
+                    await self.disconnect(inuse_connections=False)
+            await super().ensure_connection(connection)
+
+    return RecyclingPool
 
 
 async def drop_idle(client: Any) -> None:

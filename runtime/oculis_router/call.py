@@ -112,6 +112,8 @@ class Calls:
             log.warning("%s %s: %s", "no tier left after" if last else "escalating past", up.name, exc)
         if last:
             err = exc.client_error(up.name)
+            if plan.failures:  # each tier's cause, not only the last one's (QA3 Part 2 #12)
+                err.message += f"; before it: {'; '.join(plan.failures)}"
             err.headers.update(plan_headers(plan, i, None))  # which tier failed last, and those before it
             esc = plan.route.route.escalation if plan.route else None
             if plan.cold_skipped and esc and esc.enabled and esc.on_upstream_error:
@@ -124,6 +126,7 @@ class Calls:
                                 "and were skipped: they are being woken, retry after Retry-After")
                 err.headers.update({"x-oculis-cold-start": "skipped", "retry-after": str(after)})
             raise err from None
+        plan.failures.append(f"{plan.tier_names[i]} ({up.name}): {str(exc).removeprefix(f'{up.name}: ')}")
         plan.moved.append(ESCALATED_ON_FAILURE)
         self.metrics.escalations.labels(route_label, ESCALATED_ON_FAILURE).inc()
 

@@ -60,6 +60,11 @@ def check_headers(raw: list[tuple[bytes, bytes]], limit: int) -> None:
 MAX_CHOICES = 128  # OpenAI's own bound on `n`
 
 
+def _json_type(value: Any) -> str:
+    return {bool: "boolean", int: "number", float: "number", list: "array", dict: "object"}.get(type(value),
+                                                                                              type(value).__name__)
+
+
 def check_body(body: dict[str, Any], endpoint: str, max_messages: int = 2048) -> dict[str, Any]:
     """The request as the router will use it, checked for what the router itself needs. Fields it
     does not know pass through: OpenAI-compatible engines take extensions (vLLM's `top_k`,
@@ -67,7 +72,11 @@ def check_body(body: dict[str, Any], endpoint: str, max_messages: int = 2048) ->
     a field refuses it by name (providers/anthropic.py). A top-level `null` means "unset", as some
     clients send it, so it is dropped rather than judged or forwarded."""
     body = {k: v for k, v in body.items() if v is not None}
-    if not isinstance(body.get("model"), str) or not body["model"]:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):  # given, but not a name (QA3 Part 2 #18)
+        raise bad_request(f"`model` must be a string, a route or upstream name (see GET /v1/models); got a JSON "
+                          f"{_json_type(model)}", param="model")
+    if not model:
         raise bad_request("you must provide a model: a route or upstream name (see GET /v1/models)", param="model")
     if endpoint == "chat":
         msgs = body.get("messages")

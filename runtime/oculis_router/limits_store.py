@@ -33,7 +33,7 @@ from oculis.router import Route, ServerSettings
 from oculis.router_upstream import Pricing
 from oculis_router import limits as L
 from oculis_router.answer_check import Grading
-from oculis_router.cache import drop_idle
+from oculis_router.cache import drop_idle, new_redis_client
 from oculis_router.usage import Usage
 
 log = logging.getLogger("oculis.router")
@@ -177,7 +177,7 @@ class RedisBackend:
         import redis.asyncio as redis
 
         self.errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError, TimeoutError)
-        self._redis = redis.from_url(url, socket_timeout=self.TIMEOUT_S, socket_connect_timeout=self.TIMEOUT_S)
+        self._redis = new_redis_client(url)  # the cache's timeouts (TIMEOUT_S) and its recycling pool
         self._reserve = self._redis.register_script(RESERVE_LUA)
         self._settle = self._redis.register_script(SETTLE_LUA)
 

@@ -28,9 +28,12 @@ class Metrics:
         self.routed = Counter("oculis_routed_requests", "Requests by the tier the route sent them to first",
                               ["route", "tier", "upstream"], registry=r)
         # Only declared adapters reach it (others are a 404), so its label values are bounded by the config.
-        self.adapter_requests = Counter("oculis_adapter_requests", "Requests for a LoRA adapter, by route (or "
-                                        "upstream named directly), upstream and adapter", ["route", "upstream",
-                                                                                          "adapter"], registry=r)
+        # Demand, as oculis_routed_requests_total: counted when planned, whatever the outcome (QA3 Part 2 #21: the
+        # README said it counted answers; a 503 adapter_not_loaded counts too, by design: the adapter was asked for).
+        self.adapter_requests = Counter("oculis_adapter_requests", "Requests asking for a LoRA adapter, any outcome "
+                                        "(a 503 adapter_not_loaded included), by route (or upstream named directly), "
+                                        "upstream and adapter; outcomes: oculis_requests_total",
+                                        ["route", "upstream", "adapter"], registry=r)
         # What a platform engineer asks per adapter (labels bounded by the config, as above): what it cost, in
         # tokens and dollars (also counted in the per-upstream counters below, which stay as they are), and
         # what its replica picks met: its adapter already running there (active), a free LoRA slot (free), or

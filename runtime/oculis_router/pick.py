@@ -26,7 +26,7 @@ import logging
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -72,7 +72,8 @@ class Replica:
     aside_until: float = 0.0
     draining: bool = False
     serves_adapters: bool = False  # its upstream declares LoRA adapters: its /v1/models is read (replicas.py)
-    api_key_env: str | None = None  # its upstream's key variable: an engine run with --api-key guards /v1/models
+    api_key_env: str | None = None  # its upstream's key variable or file: an engine run with --api-key guards
+    api_key_file: str | None = None  # /v1/models (upstream_keys.read_key)
     adapters: frozenset[str] | None = None  # the adapters its engine lists (None: not read yet)
     models_read_at: float = 0.0  # monotonic time of that read
     lora_slots: LoraSlots = field(default_factory=LoraSlots)  # its vllm:lora_requests_info, scraped
@@ -135,11 +136,13 @@ class Lease:
         self.replica.queued_tokens = max(0, self.replica.queued_tokens - self.queued)
         self.queued = 0
 
-    def failed(self) -> None:
-        self.replica.aside_until = time.monotonic() + ASIDE_S
+    def failed(self, retry_after: float | None = None) -> None:
+        """Set the replica aside for ASIDE_S, or as long as its engine asked (a 503/429's Retry-After)."""
+        aside = max(ASIDE_S, retry_after or 0.0)
+        self.replica.aside_until = time.monotonic() + aside
         self.pool.metrics.replica_failures.labels(self.pool.name, self.replica.id).inc()
         log.warning("replica %s of upstream %s failed a call: set aside for %g s", self.replica.id,
-                    self.pool.name, ASIDE_S)
+                    self.pool.name, aside)
         self.release()
 
     def release(self) -> None:
@@ -227,7 +230,8 @@ class Pool:
                 log.info("upstream %s: replica %s (%s) joined at %s", self.name, rid, new.revision, new.url)
             else:  # back, or moved (a pod keeps its name, a map entry its port): take the new address
                 old.url, old.revision, old.kv_events, old.draining = new.url, new.revision, new.kv_events, False
-                old.serves_adapters, old.api_key_env = new.serves_adapters, new.api_key_env
+                old.serves_adapters, old.api_key_env, old.api_key_file = new.serves_adapters, new.api_key_env, \
+                    new.api_key_file
         for rid, r in list(self.replicas.items()):
             if rid not in seen and not r.draining:
                 r.draining = True
@@ -248,12 +252,15 @@ class Pool:
 
     def lease(self, body: dict[str, Any], endpoint: str, revision: str, tried: set[str],
               adapter: str | None = None, tokenizer: ModelTokens | None = None,
-              tokenized: Tokenized | None = None) -> Lease | None:
+              tokenized: Tokenized | None = None, only: Collection[str] | None = None) -> Lease | None:
         """A replica of `revision` for this attempt (not one this call already tried, while another is
         left), leased; None when the revision has no replica at all (then the base URL is called).
         `adapter`: only replicas that list it (AdapterMissing when none does). `tokenizer`: the
-        upstream's, when it names one; `tokenized`: the prompt's ids with it, computed beforehand."""
+        upstream's, when it names one; `tokenized`: the prompt's ids with it, computed beforehand.
+        `only`: the replica ids that may serve (the endpoint picker's reachable ones and subset hint)."""
         members = self.members(revision)
+        if only is not None:
+            members = [r for r in members if r.id in only]
         if not members:
             return None
         now = time.monotonic()

@@ -43,6 +43,7 @@ class Plan:
     tried: list[int] = field(default_factory=list)
     moved: list[str] = field(default_factory=list)
     cold_skipped: list[str] = field(default_factory=list)  # later tiers' upstreams left out: scaled to zero
+    failures: list[str] = field(default_factory=list)  # "tier (upstream): why" of each tier that failed, in order
     adapters: list[str | None] = field(default_factory=list)  # per tier: the LoRA adapter asked for (None: base)
 
     def routed_tier(self) -> str | None:

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
+import aiohttp
 from starlette.responses import Response, StreamingResponse
 
 from oculis import Upstream
@@ -119,6 +120,8 @@ async def relay(metrics: Metrics, resp: Stream, translator: Any, up: Upstream, t
         # An AttributeError or TypeError here is the translator meeting an event of a shape it does
         # not know: the upstream's data, so one line with the error, no traceback.
         outcome = "stream_broken"
+        if isinstance(exc, aiohttp.ClientError | TimeoutError):  # the replica's connection broke, or it went silent
+            resp.replica_failed()
         ours = isinstance(exc, MalformedStream | IdleTimeout)  # our words; else the client gets only its type
         why = str(exc) if ours else type(exc).__name__
         log.warning("stream from upstream %s broken mid-way: %s", up.name,

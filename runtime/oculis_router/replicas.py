@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -34,6 +33,7 @@ from oculis.router_upstream import EXTERNAL_PROVIDERS
 from oculis_router.endpoints import LOOPBACK, EndpointResolver
 from oculis_router.pick import Fleet, Replica
 from oculis_router.picking import LoraSlots, slots_from_labels
+from oculis_router.upstream_keys import read_key
 
 log = logging.getLogger("oculis.router")
 SYNC_S = 0.25
@@ -86,7 +86,7 @@ def found(config: RouterConfig, resolver: EndpointResolver | None, slices: Slice
             out[up.name] = (up.picker_name, reps)
     for up in config.upstreams:  # its replicas' /v1/models say which adapters each one serves
         for r in out.get(up.name, ("", []))[1]:
-            r.serves_adapters, r.api_key_env = bool(up.adapters), up.api_key_env
+            r.serves_adapters, r.api_key_env, r.api_key_file = bool(up.adapters), up.api_key_env, up.api_key_file
     return out
 
 
@@ -135,15 +135,19 @@ def metrics_url(base_url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"{path}/metrics", "", ""))
 
 
-async def scrape(http: aiohttp.ClientSession, r: Replica) -> None:
+async def scrape(http: aiohttp.ClientSession, r: Replica) -> bool:
+    """Read r's engine gauges; whether its engine answered at all (the endpoint picker's probe: a replica
+    that does not answer is not picked)."""
     try:
         async with http.get(metrics_url(r.url), timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)) as resp:
             if resp.status != 200:
-                return
+                return True  # it answered (a /metrics off or guarded is no sign of a dead engine)
             text = await resp.text()
         gauges, block_size, blocks, lora = engine_figures(text)
-    except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError):
-        return  # keep the last figures; the in-flight count still steers
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+        return False  # keep the last figures; the in-flight count still steers
+    except ValueError:
+        return True  # answered, with a page that is not Prometheus text
     r.gauges = gauges
     if block_size:
         r.block_size, r.kv_blocks = block_size, blocks
@@ -152,11 +156,12 @@ async def scrape(http: aiohttp.ClientSession, r: Replica) -> None:
     now = time.monotonic()
     if r.serves_adapters and (r.adapters is None or now - r.models_read_at >= MODELS_S):
         await read_adapters(http, r, now)
+    return True
 
 
 async def read_adapters(http: aiohttp.ClientSession, r: Replica, now: float) -> None:
     """The adapters r's engine lists (its /v1/models); a failed read keeps the last list."""
-    key = os.environ.get(r.api_key_env) if r.api_key_env else None  # never logged
+    key = read_key(r.api_key_env, r.api_key_file)  # never logged
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         async with http.get(f"{r.url}/models", headers=headers,

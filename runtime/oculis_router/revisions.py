@@ -4,6 +4,7 @@ replica picker (pick.py) chooses per attempt."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from oculis import Upstream
@@ -67,6 +68,15 @@ class Revisions:
         if not self._prepared and self.pooled and self.fleet is not None:
             self.tokenized = await self.fleet.tokenize(self.up, self.body, self.endpoint)
         self._prepared = True
+
+    def another_replica(self) -> bool:
+        """Whether a stable replica (every retry's revision) that this call has not tried is ready now (not
+        set aside, not draining): a replica's own refusal (a 503/429 with a long Retry-After) is then retried
+        there."""
+        pool = self.fleet.pool(self.up) if self.fleet is not None else None
+        now = time.monotonic()
+        return pool is not None and any(r.id not in self.tried and not r.draining and r.aside_until <= now
+                                        for r in pool.members("stable"))
 
     def next(self) -> tuple[Revision, Request, Lease | None]:
         rev: Revision = "stable" if self._tried else self.first

@@ -35,7 +35,7 @@ from oculis_router.decisionlog import sink_problem
 from oculis_router.limits import limited_anywhere
 from oculis_router.limits_store import Limiter, build_limiter
 from oculis_router.metrics import Metrics
-from oculis_router.upstreams import missing_key
+from oculis_router.upstream_keys import missing_key
 
 log = logging.getLogger("oculis.router")
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -41,6 +40,7 @@ from oculis_router import strictjson
 from oculis_router.pick import Fleet, Lease
 from oculis_router.providers import anthropic, relayed_headers
 from oculis_router.revisions import REPLICA_HEADER, REVISION_HEADER, Request, Revision, Revisions, provider_of
+from oculis_router.upstream_keys import missing_key
 from oculis_router.verdicts import (
     IdleTimeout,
     Retryable,
@@ -86,15 +86,6 @@ class Attempt:
     retries: int | None = None  # None: the router's default
     timeouts: Timeouts | None = None
     can_escalate: bool = False
-
-
-def missing_key(up: Upstream) -> str | None:
-    """Why `up` cannot be called: its API key variable is named but unset in the router's environment.
-    Said as the router's fault (not relayed as the provider's 401), so the next tier can answer."""
-    if up.api_key_env and not os.environ.get(up.api_key_env):
-        return (f"{up.name}: its API key variable {up.api_key_env} is not set in the router's environment "
-                "(in a cluster: router.secretEnv in the chart)")
-    return None
 
 
 async def _read(resp: aiohttp.ClientResponse, idle: float) -> bytes:
@@ -149,6 +140,12 @@ class Stream:
         if self.lease is not None:
             self.lease.release()
 
+    def replica_failed(self) -> None:
+        """The replica broke the stream after its first chunk (reset, killed, silent): counted in
+        oculis_replica_failures_total and set aside like a failed attempt (QA3 Part 2 #23)."""
+        if self.lease is not None:
+            self.lease.failed()
+
     def release(self) -> None:
         self.resp.release()
         if self.lease is not None:
@@ -156,6 +153,14 @@ class Stream:
 
 
 NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+def network_reason(exc: BaseException) -> str:
+    """A failed connection's reason with the address it could not reach (QA3 Part 2 #24: the client's 502 said
+    only `ClientConnectorError`, naming neither the replica nor the port); never the exception's own text."""
+    if isinstance(exc, aiohttp.ClientConnectorError):  # refused, unresolvable, unreachable
+        return f"{type(exc).__name__} ({exc.host}:{exc.port})"
+    return type(exc).__name__
 T = TypeVar("T")
 
 
@@ -210,7 +215,14 @@ class Caller:
             result = await attempt(rev, request, lease)
         except BaseException as exc:
             if lease is not None:
-                lease.failed() if replica_fault(exc) else lease.release()
+                v = exc.verdict if isinstance(exc, Retryable | UpstreamFailed) else None
+                lease.failed(v.retry_after if v else None) if replica_fault(exc) else lease.release()
+                if isinstance(exc, UpstreamFailed) and v is not None and v.status in (429, 503) \
+                        and revs.another_replica():
+                    # One replica's 503/429 with a long Retry-After says that replica is busy, not the
+                    # upstream: another ready replica of it takes the call before the tier escalates or the
+                    # client sees the refusal (QA3 Part 2 #1).
+                    raise Retryable(replace(v, action="retry", wait=None)) from exc
                 if lease.adapter is not None and isinstance(exc, UpstreamRejected) and exc.status == 404:
                     # vLLM's "model does not exist": the adapter left that engine since its list was read.
                     # Struck from the list there, the call tries a replica that lists it (or is told none does).
@@ -252,7 +264,8 @@ class Caller:
             raise UpstreamRejected(status, body, headers)
         if v.credential and up.name not in self._refused:
             self._refused.add(up.name)  # once per upstream, not per request; the key itself is never logged
-            where = f"the key in {up.api_key_env}" if up.api_key_env else "its API key (none is set: api_key_env)"
+            where = (f"the key in {up.api_key_env}" if up.api_key_env else f"the key file {up.api_key_file}"
+                     if up.api_key_file else "its API key (none is set: api_key_env)")
             log.warning("upstream %s refused the router's credential (status %d): check %s (in a cluster: "
                         "the GPUUpstream's apiKeySecretRef); requests go to the next tier", up.name, status, where)
         raise UpstreamFailed(f"{up.name}: {v.reason}", v)
@@ -318,7 +331,7 @@ class Caller:
                     raise
                 resp.release()
             except NETWORK_ERRORS as exc:
-                raise Retryable(Verdict("retry", type(exc).__name__)) from exc
+                raise Retryable(Verdict("retry", network_reason(exc))) from exc
             if resp.status >= 400:
                 self._refuse(up, resp.status, resp.headers, content, at)
             try:  # strict: NaN, lone surrogates or deep nesting could not be relayed (a 500 later)
@@ -377,11 +390,11 @@ class Caller:
                     resp.close()  # half-read: never back into the pool
                 if first_byte.expired():
                     raise self._timed_out(up, self._late(lim), at, rev) from exc
-                raise Retryable(Verdict("retry", type(exc).__name__)) from exc
+                raise Retryable(Verdict("retry", network_reason(exc))) from exc
             except NETWORK_ERRORS as exc:
                 if resp is not None:
                     resp.close()
-                raise Retryable(Verdict("retry", type(exc).__name__)) from exc
+                raise Retryable(Verdict("retry", network_reason(exc))) from exc
             assert resp is not None
             if not first:
                 resp.release()

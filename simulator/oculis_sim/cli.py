@@ -167,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=port_number, default=8000)
+    s.add_argument("--api-key", nargs="+", metavar="KEY", help="as vLLM: /v1 calls without `Authorization: Bearer "
+                   "KEY` get 401, /health and /metrics stay open (default: VLLM_API_KEY from the environment)")
     s.add_argument("--kv-events-config", metavar="JSON",
                    help='vLLM\'s KVEventsConfig, e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", '
                    '"endpoint": "tcp://*:5557"}\': publish the engine\'s KV-cache events (msgpack over ZMQ PUB)')
@@ -284,7 +286,13 @@ def run_serve(args: argparse.Namespace, ignored: list[str]) -> int:
                 print(f"oculis sim serve: error: {exc}", file=sys.stderr)
                 return 1
             print(f"oculis sim serve: publishing KV events on {cfg.endpoint} (topic {cfg.topic!r})", file=sys.stderr)
-    serve(s, args.host, args.port, kv, lora)
+    from oculis_sim.auth import keys_from
+
+    keys = keys_from(args.api_key)
+    if keys:  # the keys themselves are never printed
+        print("oculis sim serve: /v1 calls need an API key (--api-key or VLLM_API_KEY); /health and /metrics "
+              "stay open", file=sys.stderr)
+    serve(s, args.host, args.port, kv, lora, keys)
     return 0
 
 

@@ -14,7 +14,8 @@ checked as vLLM checks it (peft_helper.py validate_legal): a rank above --max-lo
 is vLLM's 500 as the worker words it; a config missing vLLM's required fields (r, lora_alpha,
 target_modules) is accepted (vLLM: a 500; the sandbox's test adapters are such stubs). Adapters named
 at start (--lora-modules) are read only where the folder is on this machine (the sandbox's pods name paths
-of their own volumes); a bad one stops the start, as it stops vLLM's. Held to real vLLM by
+of their own volumes: the stand-in sets OCULIS_SIM_POD_PATHS); elsewhere a local path that does not exist is
+vLLM's "No adapter found"; a bad one stops the start, as it stops vLLM's. Held to real vLLM by
 tests/realengine/test_lora_real.py; the success text comes as text/plain (vLLM sends no Content-Type).
 
 The slot limit: at most `max_loras` distinct adapters run in one step; a request for another waits
@@ -46,6 +47,9 @@ from oculis_sim.config import SimConfigError
 FLAGS = ("--enable-lora", "--max-loras", "--max-lora-rank", "--lora-modules")
 LOAD_S = 0.05  # first use of an adapter not in a GPU slot: a few MB copied host-to-device
 RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+# Set by the sandbox's pod stand-in (e2e/podstandin.py): --lora-modules paths are the pod's volumes, not this
+# machine's, so a folder that is not here is taken as loaded.
+POD_PATHS_ENV = "OCULIS_SIM_POD_PATHS"
 
 
 def _true(env: Mapping[str, str], name: str) -> bool:
@@ -231,10 +235,17 @@ def from_args(ignored: list[str], base: str, env: Mapping[str, str] | None = Non
     adapters = Adapters(base, max(1, args.max_loras), args.max_lora_rank, modules,
                         runtime_updating=_true(env, RUNTIME_ENV),
                         hf_offline=(env.get("HF_HUB_OFFLINE") or "").upper() in ("1", "ON", "YES", "TRUE"))
+    elsewhere = _true(env, POD_PATHS_ENV)
     for name, path in modules.items():  # vLLM's start fails on a static adapter it cannot load
         folder = Path(path).expanduser()
-        problem = (None if not folder.exists() else adapter_problem(path, adapters.max_lora_rank)
-                   if (folder / "adapter_config.json").is_file() else "No adapter found for " + path)
+        if not folder.exists():
+            # a folder that is not here: a Hugging Face id (taken as fetched unless offline), or, for the sandbox's
+            # pod stand-in, a path of the pod's own volumes; else vLLM's refusal (QA3 Part 2 #10: it was served)
+            found = elsewhere or adapter_found(path, adapters.hf_offline)
+            problem: ApiError | str | None = None if found else "No adapter found for " + path
+        else:
+            problem = (adapter_problem(path, adapters.max_lora_rank) if (folder / "adapter_config.json").is_file()
+                       else "No adapter found for " + path)
         if problem is not None:
             raise SimConfigError(f"--lora-modules {name}={path}: "
                                  f"{problem.message if isinstance(problem, ApiError) else problem}")

@@ -393,12 +393,15 @@ async def honesty(request: web.Request, handler: Callable[[web.Request], Awaitab
     return resp
 
 
-def build_app(settings: Settings, kv: Publisher | None = None, lora: Adapters | None = None) -> web.Application:
-    from oculis_sim import endpoints
+def build_app(settings: Settings, kv: Publisher | None = None, lora: Adapters | None = None,
+              api_keys: list[str] | None = None) -> web.Application:
+    from oculis_sim import auth, endpoints
 
     sim = SimServer(settings, kv)
     sim.lora = lora
-    app = web.Application(middlewares=[honesty], client_max_size=64 * 2**20)
+    # The key check first, as vLLM's outermost middleware: a refused call never reaches a handler.
+    guards = [auth.middleware(api_keys)] if api_keys else []
+    app = web.Application(middlewares=[*guards, honesty], client_max_size=64 * 2**20)
 
     async def chat(request: web.Request) -> web.StreamResponse:
         return await sim.completions(request, chat=True)
@@ -427,11 +430,11 @@ def build_app(settings: Settings, kv: Publisher | None = None, lora: Adapters | 
     return app
 
 
-def serve(settings: Settings, host: str, port: int, kv: Publisher | None = None, lora: Adapters | None = None
-          ) -> None:
+def serve(settings: Settings, host: str, port: int, kv: Publisher | None = None, lora: Adapters | None = None,
+          api_keys: list[str] | None = None) -> None:
     for line in startup_lines(settings):
         print(line, file=sys.stderr, flush=True)
-    app = build_app(settings, kv, lora)
+    app = build_app(settings, kv, lora, api_keys)
 
     async def start_logger(app: web.Application) -> None:
         app["logger"] = asyncio.get_running_loop().create_task(log_stats(app["sim"]))

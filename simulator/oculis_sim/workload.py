@@ -205,6 +205,14 @@ def parse(data: Any) -> Workload:
         reqs = data["requests"]
         if not isinstance(reqs, list) or not reqs:
             raise WorkloadError("requests: must be a non-empty list of {prompt_tokens, output_tokens[, at]}")
+        # What explicit requests leave unused is refused, not dropped without a word (QA3 Part 2 #20)
+        for key in ("prompt_tokens", "output_tokens"):
+            if key in data:
+                raise WorkloadError(f"{key}: explicit `requests` give each request its own {key}; drop the top-level "
+                                    f"{key} (or drop `requests` to draw them from it)")
+        if "stages" in data and all(isinstance(r, dict) and "at" in r for r in reqs):
+            raise WorkloadError(f"stages: every one of the {len(reqs)} requests gives its own `at`, so stages would "
+                                "time none of them; drop stages, or drop the `at`s to have stages time the requests")
         prompts = np.array([int(_number(f"requests[{i}].prompt_tokens", r.get("prompt_tokens"), 1))
                             for i, r in enumerate(reqs)], dtype=np.int64)
         outputs = np.array([int(_number(f"requests[{i}].output_tokens", r.get("output_tokens"), 1))

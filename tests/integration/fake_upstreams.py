@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from time_scale import Deadline
 
 
 def free_port() -> int:
@@ -403,8 +404,8 @@ class Server:
 
     def __enter__(self) -> Server:
         self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started and time.monotonic() < deadline:
+        deadline = Deadline(10)
+        while not self.server.started and not deadline.expired():
             time.sleep(0.02)
         return self
 

@@ -14,6 +14,7 @@ import httpx
 import openai
 import yaml
 from fake_upstreams import Script, Server, anthropic_app, free_port, openai_app
+from time_scale import Deadline
 
 SECRET = "sk-openai-SECRET-1234"
 
@@ -125,8 +126,8 @@ def start_router(config: Path, log: Path, *extra: str,
         stderr=out,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    deadline = Deadline(30)
+    while not deadline.expired():
         try:
             if httpx.get(url + probe).status_code == 200:
                 return proc, url, mport

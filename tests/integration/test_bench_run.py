@@ -7,7 +7,6 @@ say they are simulated."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,10 +20,11 @@ import yaml
 from e2e_support import eventually
 from router_support import start_prometheus, start_router
 from sim_support import start_sim
+from skips import needs_command
 
 from oculis_cli.main import main
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ROOT = Path(__file__).resolve().parents[2]

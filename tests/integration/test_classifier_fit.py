@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from oculis_router import classify
 from oculis_router import head_fit as hf
@@ -23,8 +22,9 @@ from oculis_router import head_fit as hf
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "training"))
 from routing_data import data_dir, load_rows  # type: ignore[import-not-found]  # noqa: E402
+from skips import ROUTING_DATA_FIX, needs_path  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not data_dir().exists(), reason="routing data (../shared/data/routing) not present")
+pytestmark = needs_path(data_dir(), "the routing data", ROUTING_DATA_FIX)
 
 
 def test_fitted_head_beats_the_base_on_subjects_it_never_saw(tmp_path: Path) -> None:

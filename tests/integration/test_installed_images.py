@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 from fake_upstreams import free_port
+from time_scale import Deadline
 
 ROOT = Path(__file__).resolve().parents[2]
 # Exactly what Dockerfile.runtime and Dockerfile.operator copy into their build stages.
@@ -52,6 +53,13 @@ def test_installed_router_scores_and_serves_without_kopf(tmp_path: Path) -> None
     no_k8s = subprocess.run([str(venv / "bin" / "python"), "-c", "import kubernetes"], capture_output=True,
                             cwd=tmp_path)
     assert no_kopf.returncode != 0 and no_k8s.returncode != 0
+    # `oculis epp` (the Gateway's endpoint picker) ships in the router image: its gRPC and Envoy protobufs too
+    epp = subprocess.run([oculis, "epp", "--config", str(config), "--upstream", "openai-gpt4o"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=60)
+    assert epp.returncode == 2 and "external provider" in epp.stderr, epp.stderr
+    grpc_ok = subprocess.run([str(venv / "bin" / "python"), "-c", "import oculis_router.epp.server"],
+                             capture_output=True, text=True, cwd=tmp_path)
+    assert grpc_ok.returncode == 0, grpc_ok.stderr
     deps = subprocess.run([oculis, "status", "--check-deps", "--require", "router"], capture_output=True, text=True,
                           cwd=tmp_path, timeout=60)
     assert deps.returncode == 0 and "operator  the Kubernetes operator      missing kopf" in deps.stdout, deps.stdout
@@ -60,7 +68,7 @@ def test_installed_router_scores_and_serves_without_kopf(tmp_path: Path) -> None
     proc = subprocess.Popen([oculis, "serve", "--config", str(config), "--port", str(port), "--metrics-port", "0"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 30
+        deadline = Deadline(30)
         while True:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             try:
@@ -68,7 +76,7 @@ def test_installed_router_scores_and_serves_without_kopf(tmp_path: Path) -> None
                     break
             except httpx.HTTPError:
                 pass
-            assert time.monotonic() < deadline, "the installed router never became ready"
+            assert not deadline.expired(), "the installed router never became ready"
             time.sleep(0.2)
         ids = [m["id"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]]
         assert "adaptive" in ids

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,11 +16,12 @@ import pytest
 import yaml
 from e2e_support import eventually
 from router_support import Fakes, start_prometheus, start_router
+from skips import needs_command
 
 from oculis_cli.main import main
 from oculis_measure.prom import Prometheus
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 
 EASY = ["hi", "thanks!", "say hello", "ok"]  # the 8B tier's (simple) prompts
 

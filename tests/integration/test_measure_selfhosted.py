@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -16,12 +15,13 @@ import yaml
 from e2e_support import eventually
 from fake_upstreams import free_port
 from router_support import start_prometheus
+from skips import needs_command
 from test_router_processes import start_router
 
 from oculis_cli.main import main
 from oculis_measure.prom import Prometheus
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PREFIX = "You are a careful assistant for the Oculis project. " * 30  # the same system prompt every time
 
@@ -64,6 +64,14 @@ def test_cache_advise_reads_a_self_hosted_engines_prefix_cache(tmp_path: Path,
         # five of six requests reuse the long system prompt's blocks
         assert rep["prefix_hit_token_share"] is not None and 0.5 < rep["prefix_hit_token_share"] < 1, rep
         assert rep["verdict"] == "pays", rep
+        # QA3 Part 2 #6: one multiplier given switched the data to the router's (empty) cached-token counter and
+        # the other multiplier to the pricing's r 1: "0.0%, no-reuse" or "does-not-pay" for the same window.
+        for flag, value in (("--read-multiplier", "0.1"), ("--write-multiplier", "1.25")):
+            code = main(["cache", "advise", "--upstream", "llama-sim", "--since", "10m", "--config", str(cfg),
+                         "--prometheus-url", purl, "-o", "json", flag, value])
+            flagged = json.loads(capsys.readouterr().out)
+            assert code == 0 and flagged["prefix_hit_token_share"] == rep["prefix_hit_token_share"], flagged
+            assert flagged["verdict"] == "pays" and flag in flagged["multipliers_from"], flagged
         # The engine goes (scaled to zero, or its pod replaced): its traffic still counts for the window.
         sim.terminate()
         sim.wait(10)

@@ -73,7 +73,8 @@ def test_the_sync_loads_reports_and_unloads_on_every_engine(engines: dict[tuple[
     assert removed.failures == {} and removed.report is not None and removed.report.adapters == ()
 
 
-def test_an_engine_without_runtime_updating_is_only_read(tmp_path: Path) -> None:
+def test_an_engine_without_runtime_updating_is_only_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OCULIS_SIM_POD_PATHS", "1")  # /adapters/sql is a pod's volume, not on this machine
     proc, base = start_sim(MODEL, "--gpu", "H100-80GB", *LORA, "--lora-modules", "sql=/adapters/sql")
     try:
         ports = {("demo", "p0"): int(base.rsplit(":", 1)[1])}

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
 import httpx
 import openai
-import pytest
 import yaml
 from router_support import Fakes, start_prometheus
+from skips import needs_command
 from test_router_processes import start_router
+from time_scale import Deadline
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+pytestmark = needs_command("prometheus", "prometheus")
 
 
 def test_prometheus_scrapes_router_metrics(fakes: Fakes, tmp_path: Path) -> None:
@@ -26,8 +26,8 @@ def test_prometheus_scrapes_router_metrics(fakes: Fakes, tmp_path: Path) -> None
         for _ in range(3):
             client.chat.completions.create(model="adaptive", messages=[{"role": "user", "content": "hi"}])
         query = 'sum(oculis_requests_total{route="adaptive",outcome="ok"})'
-        deadline, value = time.monotonic() + 30, None
-        while time.monotonic() < deadline:
+        deadline, value = Deadline(30), None
+        while not deadline.expired():
             try:
                 r = httpx.get(f"{purl}/api/v1/query", params={"query": query}).json()
                 result = r["data"]["result"]

@@ -13,6 +13,7 @@ import pytest
 from e2e_support import eventually
 from prometheus_client import generate_latest
 from router_support import Fakes, RouterHandle
+from time_scale import Deadline
 
 LONG = ("This question refers to the following information. " + "In 1215 the barons compelled King John to seal a "
         "charter that limited royal power and protected legal procedures. " * 30 + "Which best explains why?")
@@ -230,8 +231,8 @@ def test_hot_reload_keeps_in_flight_requests_and_rejects_bad_config(router: Rout
     cfg = fakes.config()
     cfg["oculis"]["routes"].append({"name": "new-route", "tiers": [{"name": "only", "upstream": "llama-70b"}]})
     router.write(cfg)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+    deadline = Deadline(5)
+    while not deadline.expired():
         try:
             if chat(router, "hi", model="new-route").headers["x-oculis-upstream"] == "llama-70b":
                 break
@@ -243,9 +244,9 @@ def test_hot_reload_keeps_in_flight_requests_and_rejects_bad_config(router: Rout
     assert result["text"].strip() == "a b c d e f from small"  # the in-flight stream finished on the old config
     router.path.write_text("oculis: {upstreams: [{name: x}]}\n")  # invalid: rejected, the last good config serves
     rejected = 'oculis_config_reloads_total{result="rejected"} 1.0'
-    deadline = time.monotonic() + 10  # the watcher sees the file within its poll interval (longer on a busy CPU)
+    deadline = Deadline(10)  # the watcher sees the file within its poll interval (longer on a busy CPU)
     while rejected not in generate_latest(router.app.state.metrics.registry).decode():
-        assert time.monotonic() < deadline, "the bad config was never counted as rejected"
+        assert not deadline.expired(), "the bad config was never counted as rejected"
         time.sleep(0.1)
     assert chat(router, "hi", model="new-route").parse().choices[0].message.content == "hello from large"
 

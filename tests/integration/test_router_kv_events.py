@@ -18,6 +18,7 @@ import zmq
 from fake_upstreams import Script, Server, openai_app
 from prometheus_client.parser import text_string_to_metric_families
 from router_support import start_router
+from time_scale import Deadline
 
 from oculis_router.picking import BlockRemoved, BlockStored, EventBatch, chat_token_ids, kvwire
 
@@ -109,8 +110,8 @@ def test_two_routers_follow_the_engines_kv_events(world: tuple[list[Server], lis
     routers = [start_router(cfg, tmp_path / f"router{i}.log") for i in range(2)]
     try:
         for _, _, mport in routers:
-            deadline = time.monotonic() + 20
-            while _applied(mport) < 4 and time.monotonic() < deadline:
+            deadline = Deadline(20)
+            while _applied(mport) < 4 and not deadline.expired():
                 time.sleep(0.1)
         holder = servers[1].url + "/v1"
         for _ in range(3):

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import yaml
 from router_support import Fakes, start_router
+from time_scale import Deadline
 
 
 def test_sigterm_lets_an_inflight_stream_finish(fakes: Fakes, tmp_path: Path) -> None:
@@ -88,9 +89,9 @@ def test_started_before_its_config_it_waits_then_serves(fakes: Fakes, tmp_path: 
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_config"
         path.parent.mkdir()
         path.write_text(yaml.safe_dump(fakes.config()))
-        deadline = time.monotonic() + 15
+        deadline = Deadline(15)
         while httpx.get(url + "/readyz").status_code != 200:
-            assert time.monotonic() < deadline, (tmp_path / "router.log").read_text()
+            assert not deadline.expired(), (tmp_path / "router.log").read_text()
             time.sleep(0.2)
         r = httpx.post(url + "/v1/chat/completions",
                        json={"model": "adaptive", "messages": [{"role": "user", "content": "hi"}]})

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,8 +19,10 @@ import yaml
 from e2e_support import eventually
 from fake_upstreams import free_port
 from router_support import Fakes, RouterHandle, start_router
+from skips import needs_command
+from time_scale import Deadline
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+pytestmark = needs_command("redis-server", "redis-server")
 
 # The classifier's tokenizer reads this as 10 pieces, as many as the fake upstreams bill: with
 # max_tokens 3 a request reserves exactly what it will use (13), so the limits can be held to a request.
@@ -33,8 +34,8 @@ def start_redis(port: int, where: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(where)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    deadline = Deadline(10)
+    while not deadline.expired():
         ping = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True)
         if ping.stdout.strip() == "PONG":
             return proc

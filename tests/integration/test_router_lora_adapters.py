@@ -31,6 +31,7 @@ def adapter_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def sim() -> Iterator[str]:
     with pytest.MonkeyPatch.context() as env:  # the load/unload endpoints exist only with it, as in vLLM
         env.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+        env.setenv("OCULIS_SIM_POD_PATHS", "1")  # /adapters/* are a pod's volumes, not on this machine
         proc, base = start_sim(MODEL, "--gpu", "H100-80GB", "--served-model-name", "qwen", "--enable-lora",
                                "--max-loras", "1", "--max-lora-rank", "16", "--lora-modules", "sql=/adapters/sql",
                                "support=/adapters/support")

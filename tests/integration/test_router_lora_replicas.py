@@ -37,7 +37,8 @@ def sims() -> Iterator[dict[str, str]]:
             [sys.executable, "-m", "oculis_cli.main", "sim", "serve", MODEL, "--gpu", "H100-80GB",
              "--served-model-name", "qwen", "--enable-lora", "--max-loras", "1", "--max-lora-rank", "16", *modules,
              "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}))  # the load/unload endpoints, as vLLM
+            # the load/unload endpoints, as vLLM; /adapters/* are a pod's volumes (not on this machine)
+            env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "OCULIS_SIM_POD_PATHS": "1"}))
         urls[name] = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(urls.values())

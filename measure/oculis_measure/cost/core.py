@@ -74,7 +74,8 @@ class Cell:
     route: str
     tier: str
     upstream: str
-    requests: float = 0.0  # answered here (the final tier)
+    requests: float = 0.0  # taken here (the final tier), any outcome: errors and broken streams too
+    answered: float = 0.0  # of those, answered (ok, or a cache hit): what $/1k requests divides by (QA3 Part 2 #8)
     cache_hits: float = 0.0
     routed: float = 0.0  # requests the route sent here first
     replaced: float = 0.0  # answers produced here that a later tier replaced (billed all the same)
@@ -98,6 +99,9 @@ class Cell:
 VERIFIER_TIER = "(verifier)"  # the tier label of a verifier's gradings
 IDLE = "(idle)"  # the route label of a GPU-priced upstream no call reached in the window
 GRADED = ("pass", "fail", "unscored")  # oculis_answer_grades_total outcomes where the verifier answered (billed)
+
+
+ANSWERED = ("ok", "cache_hit")  # oculis_requests_total outcomes where the client got its answer
 
 
 def billed(outcome: str) -> bool:
@@ -124,6 +128,8 @@ def cells(c: Counters, pricing: dict[str, Pricing], gpu: dict[str, GPUCost] | No
             continue
         x = cell(route, tier, upstream)
         x.requests += n
+        if outcome in ANSWERED:
+            x.answered += n
         if outcome == "cache_hit":
             x.cache_hits += n
         elif billed(outcome):
@@ -242,6 +248,8 @@ def adapter_rows(c: Counters) -> list[dict[str, Any]]:
     for key in sorted(set(c.adapter_cost) | set(c.adapter_prompt_tokens) | set(c.adapter_completion_tokens)):
         upstream, adapter = key
         dollars = c.adapter_cost.get(key, 0.0)
+        if not (dollars or c.adapter_prompt_tokens.get(key) or c.adapter_completion_tokens.get(key)):
+            continue  # no call in the window (an adapter since removed, say): noise, not a row (QA3 Part 2 #19)
         total = c.cost.get(upstream, 0.0)
         rows.append({"upstream": upstream, "adapter": adapter,
                      "prompt_tokens": round(c.adapter_prompt_tokens.get(key, 0.0)),
@@ -279,6 +287,7 @@ def report(cs: list[Cell], group_by: list[str], unattributed: float, window: str
         key = tuple(getattr(x, k) for k in group_by)
         g = groups.setdefault(key, defaultdict(float))
         g["requests"] += x.requests
+        g["answered"] += x.answered
         g["cache_hits"] += x.cache_hits
         g["calls"] += x.calls
         g["replaced_answers"] += x.replaced
@@ -291,9 +300,12 @@ def report(cs: list[Cell], group_by: list[str], unattributed: float, window: str
         g["gpu_dollars"] += x.gpu_dollars
     rows = []
     for key, g in sorted(groups.items()):
+        if not any(g.values()):  # a row with nothing in the window (a routed count kept under another label)
+            continue
         row: dict[str, Any] = dict(zip(group_by, key, strict=True))
         row.update(_rounded(g))
-        row["dollars_per_1k_requests"] = round(1000 * g["token_dollars"] / g["requests"], 10) if g["requests"] else None
+        # per answered request: a failed one is no unit of service (it made the figure look cheaper: QA3 Part 2 #8)
+        row["dollars_per_1k_requests"] = round(1000 * g["token_dollars"] / g["answered"], 10) if g["answered"] else None
         rows.append(row)
     totals: dict[str, float] = defaultdict(float)
     for g in groups.values():
@@ -322,7 +334,7 @@ def report(cs: list[Cell], group_by: list[str], unattributed: float, window: str
 
 def _rounded(g: dict[str, float]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for k in ("requests", "calls", "replaced_answers", "gradings", "cache_hits", "prompt_tokens",
+    for k in ("requests", "answered", "calls", "replaced_answers", "gradings", "cache_hits", "prompt_tokens",
               "completion_tokens", "cached_tokens"):
         out[k] = round(g.get(k, 0.0))
     for k in ("token_dollars", "cache_saving_dollars", "gpu_dollars"):

@@ -79,6 +79,14 @@ def _human(d: timedelta) -> str:
     return f"{s:g} s"
 
 
+def of_route(label: str, route: str) -> bool:
+    """Whether a counter's route label is the route's: its name, or `<route>/<adapter>` (a client asking for one
+    of its adapters; the router counts routed requests under the route's name and the rest under this label,
+    so reading only one left half the traffic out: QA3 Part 2 #2). Route and upstream names have no '/', and
+    no route is named like an upstream, so the prefix is the route's alone."""
+    return label == route or label.startswith(route + "/")
+
+
 def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds: float,
           tier_adapters: dict[tuple[str, str], str] | None = None) -> dict[str, Any]:
     """The seed's per-tier table for one route, as a JSON-ready dict. Per tier: the requests it answered
@@ -87,7 +95,7 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
     verifier's gradings of the route's answers are a row of their own, so the total is what the route cost.
     `tier_adapters` (cost.core.tier_adapters of every route): LoRA adapter calls take their own counters."""
     scale = MONTH_DAYS * 86400 / window_seconds
-    mine = [x for x in cells(c, pricing, tier_adapters=tier_adapters) if x.route == route.name]
+    mine = [x for x in cells(c, pricing, tier_adapters=tier_adapters) if of_route(x.route, route.name)]
     strongest = route.tiers[-1]
     strong_price = pricing.get(strongest.upstream, Pricing())
     by_tier: dict[str, list[Cell]] = {t.name: [] for t in route.tiers}
@@ -100,16 +108,17 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
     rows, total_cost, baseline = [], 0.0, 0.0
     for name, xs in by_tier.items():
         n = sum(x.requests for x in xs)
+        answered = sum(x.answered for x in xs)
         cost = sum(x.token_dollars for x in xs)
         # the baseline re-prices the answers the route gave (a replaced answer is no request of its own)
         base = sum(reprice(x, strong_price) * ((x.calls - x.replaced) / x.calls if x.calls else 1.0) for x in xs)
         total_cost += cost
         baseline += base
         upstreams = sorted({x.upstream for x in xs}) or [t.upstream for t in route.tiers if t.name == name]
-        row = {"tier": name, "upstream": ",".join(upstreams), "requests": round(n),
+        row = {"tier": name, "upstream": ",".join(upstreams), "requests": round(n), "answered": round(answered),
                "share": round(n / total_requests, 4) if total_requests else 0.0,
                "avg_cost": round(cost / n, 10) if n else None, "cost": round(cost, 10),
-               "est_monthly": round(cost * scale, 2)}
+               "est_monthly": round(cost * scale, 10)}
         if total_routed:
             routed, replaced = sum(x.routed for x in xs), sum(x.replaced for x in xs)
             row |= {"routed": round(routed), "routed_share": round(routed / total_routed, 4),
@@ -119,24 +128,29 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
         total_cost += x.token_dollars
         rows.append({"tier": VERIFIER_TIER, "upstream": x.upstream, "requests": 0, "share": 0.0,
                      "gradings": round(x.gradings), "avg_cost": None, "cost": round(x.token_dollars, 10),
-                     "est_monthly": round(x.token_dollars * scale, 2)})
-    escalated = {reason: v for (r, reason), v in c.escalations.items() if r == route.name and v > 0}
+                     "est_monthly": round(x.token_dollars * scale, 10)})
+    escalated: dict[str, float] = {}
+    for (r, reason), v in c.escalations.items():
+        if of_route(r, route.name) and v > 0:
+            escalated[reason] = escalated.get(reason, 0.0) + v
     n_esc = sum(escalated.values())
     saving = baseline - total_cost
     return {
         "route": route.name,
         "tiers": rows,
-        "total": {"requests": round(total_requests), "cost": round(total_cost, 10),
-                  "est_monthly": round(total_cost * scale, 2)},
+        "total": {"requests": round(total_requests),
+                  "answered": round(sum(x.answered for xs in by_tier.values() for x in xs)),
+                  "cost": round(total_cost, 10),
+                  "est_monthly": round(total_cost * scale, 10)},
         "baseline": {"tier": strongest.name, "upstream": strongest.upstream, "cost": round(baseline, 10),
-                     "est_monthly": round(baseline * scale, 2),
+                     "est_monthly": round(baseline * scale, 10),
                      "rule": f"each request's real tokens re-priced at {strongest.upstream}'s prices"},
-        "saving": {"dollars": round(saving, 10), "est_monthly": round(saving * scale, 2),
+        "saving": {"dollars": round(saving, 10), "est_monthly": round(saving * scale, 10),
                    "percent": round(100 * saving / baseline, 2) if baseline else None},
         "escalation": {"escalated": round(n_esc), "of_requests": round(total_requests),
                        "rate": round(n_esc / total_requests, 4) if total_requests else None,
                        "by_reason": {k: round(v) for k, v in sorted(escalated.items())},
-                       "rule": "requests moved up a tier / all requests the route answered in the window"},
+                       "rule": "requests moved up a tier / all requests the route took in the window, any outcome"},
         "attribution": ("routed: the tier the route sent each request to first (oculis_routed_requests_total); "
                         "requests: the tier that answered; cost: every answer a tier produced, replaced ones "
                         "included, and the verifier's gradings as (verifier)" if total_routed else
@@ -159,7 +173,7 @@ def window_cascade(route: Route, upstreams: dict[str, Upstream], c: Counters, ra
     checked = {route.tiers[i].name for i in cascade.checked_tiers(route, upstreams, False)}
     index = {t.name: i for i, t in enumerate(route.tiers)}
     pricing = {name: up.pricing for name, up in upstreams.items()}
-    mine = [x for x in cells(c, pricing, tier_adapters=tier_adapters) if x.route == route.name]
+    mine = [x for x in cells(c, pricing, tier_adapters=tier_adapters) if of_route(x.route, route.name)]
     routed = {name: sum(x.routed for x in mine if x.tier == name) for name in index}
     if sum(routed.values()) > 0:
         return _observed_cascade(route, upstreams, c, mine, routed, checked, rate)
@@ -177,7 +191,7 @@ def _observed_cascade(route: Route, upstreams: dict[str, Upstream], c: Counters,
                       routed: dict[str, float], checked: set[str], rate: float | None) -> dict[str, Any]:
     index = {t.name: i for i, t in enumerate(route.tiers)}
     answered = {name: sum(v for (r, tier, _, outcome), v in c.requests.items()
-                          if r == route.name and tier == name and outcome == "ok") for name in index}
+                          if of_route(r, route.name) and tier == name and outcome == "ok") for name in index}
     replaced = {name: sum(x.replaced for x in mine if x.tier == name) for name in index}
     per_tier = {name: replaced[name] / (answered[name] + replaced[name])
                 for name in checked if answered[name] + replaced[name] > 0}

@@ -21,13 +21,13 @@ end of the system prompt, then earlier turn boundaries. Message order is never c
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from typing import Any
 
 from oculis import Upstream
 from oculis_router.errors import APIError, bad_request
+from oculis_router.upstream_keys import key_of
 
 STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
         "pause_turn": "stop", "refusal": "content_filter", "model_context_window_exceeded": "length"}
@@ -247,7 +247,7 @@ def refusal(up: Upstream, endpoint: str, body: dict[str, Any]) -> APIError | Non
 def build_request(up: Upstream, endpoint: str, body: dict[str, Any]) -> tuple[str, dict[str, str], dict[str, Any]]:
     out = translate(up, endpoint, body)
     headers = {"content-type": "application/json", "anthropic-version": up.anthropic_version}
-    key = os.environ.get(up.api_key_env) if up.api_key_env else None
+    key = key_of(up)
     if key:
         headers["x-api-key"] = key
     return up.url + "/messages", headers, out

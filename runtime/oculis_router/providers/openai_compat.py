@@ -4,18 +4,18 @@ which is all OpenAI's automatic prompt caching needs."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from oculis import Upstream
 from oculis_router.flowcontrol.standing import REQUEST_PRIORITY, engine_priority
+from oculis_router.upstream_keys import key_of
 
 PATHS = {"chat": "/chat/completions", "completions": "/completions"}
 
 
 def build_request(up: Upstream, endpoint: str, body: dict[str, Any]) -> tuple[str, dict[str, str], dict[str, Any]]:
     headers = {"content-type": "application/json"}
-    key = os.environ.get(up.api_key_env) if up.api_key_env else None
+    key = key_of(up)
     if key:
         headers["authorization"] = f"Bearer {key}"
     out = dict(body)

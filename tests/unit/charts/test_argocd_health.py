@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
+from skips import DEV_FIX, removable
 
-lupa = pytest.importorskip("lupa.lua51")
+lupa = pytest.importorskip("lupa.lua51", reason=removable("lupa not installed", DEV_FIX).render())
 
 ROOT = Path(__file__).resolve().parents[3]
 ARGOCD = ROOT / "charts" / "oculis" / "argocd" / "oculis.dev"

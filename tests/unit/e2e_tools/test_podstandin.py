@@ -151,3 +151,28 @@ def test_an_annotated_pod_runs_real_vllm_with_its_flags_fitted_to_the_tiny_model
                                                  "--host=", "--port="))]
     assert argv[-7:] == ["--max-model-len=512", "--dtype=bfloat16", "--enforce-eager", "--host", "127.0.0.1",
                          "--port", "41001"]
+
+
+def test_env_from_a_secret_is_resolved_as_the_kubelet_does_and_the_engine_key_written_for_the_router(
+        tmp_path: Path) -> None:
+    keyed = pod("k")
+    keyed["spec"]["containers"][0]["env"] = [
+        {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "oculis-engine-keys", "key": "llm"}}}]
+    v = view(keyed)
+    assert v.env == () and v.secret_env == (("VLLM_API_KEY", "oculis-engine-keys", "llm"),)
+    oculis = tmp_path / "oculis"
+    oculis.write_text(FAKE_OCULIS)
+    oculis.chmod(0o755)
+    found: dict[tuple[str, str, str], str] = {}
+    s = ps.StandIn(tmp_path / "sim", str(oculis), secret_of=lambda ns, name, key: found.get((ns, name, key)))
+    try:
+        s.update("ADDED", v)
+        assert not s.procs  # the Secret key is missing: not started (CreateContainerConfigError), retried later
+        found[("demo", "oculis-engine-keys", "llm")] = "k-123"
+        s.crashed.clear()
+        s.update("MODIFIED", v)
+        assert "demo/k/uid-k" in s.procs
+        key_file = tmp_path / "sim" / "engine-keys" / "llm"
+        assert key_file.read_text() == "k-123" and oct(key_file.stat().st_mode & 0o777) == "0o600"
+    finally:
+        s.shutdown()

@@ -57,7 +57,8 @@ def test_group_by_sums_rows_and_counts_requests_once() -> None:
     rep = report(cells(counters(), PRICES), ["route", "tier"], 0.0, "w", False)
     rows = {(r["route"], r["tier"]): r for r in rep["rows"]}
     assert rows[("a", "cheap")]["requests"] == 350 and rows[("a", "cheap")]["cache_hits"] == 50
-    assert rows[("a", "strong")]["dollars_per_1k_requests"] == pytest.approx(1000 * 0.1875 / 50)
+    # per answered request: the 10 broken streams cost their tokens but answered nobody (QA3 Part 2 #8)
+    assert rows[("a", "strong")]["dollars_per_1k_requests"] == pytest.approx(1000 * 0.1875 / 40)
     assert rep["total"]["requests"] == 550  # the 5 refused before a tier are not any tier's
 
 

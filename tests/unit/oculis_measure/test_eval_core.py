@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from skips import ROUTING_DATA_FIX, needs_path
 
 from oculis_cli.main import main
 from oculis_measure.eval import core
 
-DATA = Path(__file__).resolve().parents[4] / "shared" / "data" / "routing" / "mmlu" / "mmlu_astronomy.csv"
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "training"))
+from routing_data import data_dir
+
+DATA = data_dir() / "mmlu" / "mmlu_astronomy.csv"
 
 
 def results(tier: str, both: int, only_routed: int, only_base: int, neither: int) -> list[core.Result]:
@@ -115,7 +120,7 @@ def _suite_and_config(tmp_path: Path, rows: int = 160) -> tuple[Path, Path, list
     return suite, cfg, lines
 
 
-@pytest.mark.skipif(not DATA.is_file(), reason="shared routing data not present")
+@needs_path(DATA, "the routing data", ROUTING_DATA_FIX)
 def test_offline_run_gives_exactly_the_accuracy_the_routing_implies(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     from oculis import load_config
@@ -136,7 +141,7 @@ def test_offline_run_gives_exactly_the_accuracy_the_routing_implies(tmp_path: Pa
     assert code == core.EXIT_CODES[rep["overall"]["verdict"]]
 
 
-@pytest.mark.skipif(not DATA.is_file(), reason="shared routing data not present")
+@needs_path(DATA, "the routing data", ROUTING_DATA_FIX)
 def test_a_suite_with_bad_lines_is_refused_by_line_number_unless_skipped(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     suite, cfg, _ = _suite_and_config(tmp_path, rows=20)

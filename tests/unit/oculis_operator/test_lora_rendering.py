@@ -31,7 +31,7 @@ def test_adapters_render_the_lora_flags_env_and_volumes() -> None:
     assert argv[at:] == ["--enable-lora", "--max-loras=2", "--max-lora-rank=32"]
     pod = render.pod_template("llama", spec, argv, 0)
     c = pod["spec"]["containers"][0]
-    assert c["env"] == [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}]
+    assert c["env"] == [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}, render.engine_key_env("llama")]
     vol = volume_name("style")
     assert {"name": vol, "mountPath": "/adapters/style", "readOnly": True} in c["volumeMounts"]
     assert {"name": vol, "persistentVolumeClaim": {"claimName": "loras", "readOnly": True}} in pod["spec"]["volumes"]
@@ -46,7 +46,9 @@ def test_without_runtime_updating_the_adapters_are_lora_modules_flags() -> None:
     at = argv.index("--enable-lora")
     assert argv[at:] == ["--enable-lora", "--max-loras=2", "--max-lora-rank=32", "--lora-modules",
                          "sql=org/sql-lora", "style=/adapters/style/style"]
-    assert "env" not in render.pod_template("llama", spec, argv, 0)["spec"]["containers"][0]
+    # no runtime-updating variable: only the engine's API key
+    assert render.pod_template("llama", spec, argv, 0)["spec"]["containers"][0]["env"] == [
+        render.engine_key_env("llama")]
 
 
 def engine_hash(body: dict[str, Any]) -> str:
@@ -77,7 +79,8 @@ def test_without_adapters_nothing_changes_and_defaults_are_vllms() -> None:
     plain = GPUUpstreamSpec.model_validate(VLLM)
     argv = engine_args.build(plain, {})
     assert not any("lora" in a for a in argv)
-    assert "env" not in render.pod_template("llama", plain, argv, 0)["spec"]["containers"][0]
+    assert render.pod_template("llama", plain, argv, 0)["spec"]["containers"][0]["env"] == [
+        render.engine_key_env("llama")]
     one = GPUUpstreamSpec.model_validate({**VLLM, "adapters": [{"name": "a", "source": {"path": "/a"}}],
                                           "engine": {"runtimeLoraUpdating": False}})
     assert engine_args.build(one, {})[-5:] == ["--enable-lora", "--max-loras=1", "--max-lora-rank=16",

@@ -3,7 +3,6 @@ parts, on small synthetic inputs. Needs scikit-learn (the `train` extra); skippe
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -12,8 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "training"))
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("sklearn") is None,
-                                reason="the `train` extra (scikit-learn) is not installed")
+from skips import TRAIN_FIX, needs_modules  # noqa: E402
+
+pytestmark = needs_modules("sklearn", install=TRAIN_FIX)
 
 
 def test_distil_recovers_per_piece_weights_from_the_teachers_logit() -> None:

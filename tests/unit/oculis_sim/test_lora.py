@@ -62,11 +62,18 @@ def test_a_static_adapter_it_cannot_load_stops_the_start(tmp_path: Path) -> None
     with pytest.raises(SimConfigError, match=r"--lora-modules wide=.*LoRA rank 16 is greater than max_lora_rank 8"):
         from_args(["--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"wide={adapter(tmp_path / 'w', r=16)}"],
                   "tiny", {})
-    # a path not on this machine (the sandbox's pods name their own volumes) is not read at start
+    # a local path that does not exist is vLLM's refusal too (QA3 Part 2 #10: it was served as loaded) ...
+    with pytest.raises(SimConfigError, match=r"--lora-modules sql=/nonexistent: No adapter found for /nonexistent"):
+        from_args(["--enable-lora", "--lora-modules", "sql=/nonexistent"], "tiny", {})
+    # ... unless the sandbox's pod stand-in says the paths are the pod's volumes (not on this machine)
     adapters, rest = from_args(["--enable-lora", "--max-lora-rank", "8", "--lora-modules", "sql=/adapters/sql"],
-                               "tiny", {})
+                               "tiny", {"OCULIS_SIM_POD_PATHS": "1"})
     assert adapters is not None and adapters.max_lora_rank == 8 and adapters.modules == {"sql": "/adapters/sql"}
     assert rest == []
+    # a Hugging Face id is taken as fetched (the simulator downloads nothing), unless offline, as vLLM finds it
+    assert from_args(["--enable-lora", "--lora-modules", "hf=org/sql-lora"], "tiny", {})[0] is not None
+    with pytest.raises(SimConfigError, match="No adapter found for org/sql-lora"):
+        from_args(["--enable-lora", "--lora-modules", "hf=org/sql-lora"], "tiny", {"HF_HUB_OFFLINE": "1"})
 
 
 def test_a_body_not_declared_json_is_refused_as_vllm_refuses_it() -> None:
