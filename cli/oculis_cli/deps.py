@@ -27,12 +27,12 @@ EXTRAS = (
     Extra("core", ("pydantic", "yaml", "jinja2"), "schema, config and CLI"),
     Extra("operator", ("kopf", "kubernetes", "tenacity", "prometheus_client"), "the Kubernetes operator"),
     Extra("router", ("aiohttp", "tenacity", "prometheus_client", "cachetools", "numpy", "tokenizers", "starlette",
-                     "uvicorn", "redis", "hiredis", "msgpack", "zmq", "grpc", "grpc_health", "envoy"),
-          "router and endpoint picker"),
+                     "uvicorn", "redis", "hiredis", "msgpack", "zmq", "grpc", "grpc_health", "envoy",
+                     "python_multipart"), "router and endpoint picker"),
     Extra("bench", ("httpx", "rich", "plotly", "numpy", "scipy"), "bench, eval, cost and cache commands"),
 )
 IMPORT_NAMES = {"pyyaml": "yaml", "prometheus-client": "prometheus_client", "pyzmq": "zmq", "grpcio": "grpc",
-                "grpcio-health-checking": "grpc_health", "xds-protos": "envoy"}
+                "grpcio-health-checking": "grpc_health", "xds-protos": "envoy", "python-multipart": "python_multipart"}
 
 
 def check(extra: Extra) -> list[str]:

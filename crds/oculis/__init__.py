@@ -2,6 +2,7 @@
 
 from oculis.router import (
     AnswerCheck,
+    BatchSettings,
     CacheWhen,
     Classifier,
     ConfigError,
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AnswerCheck",
+    "BatchSettings",
     "CacheWhen",
     "Classifier",
     "ConfigError",

@@ -312,8 +312,13 @@ class LimitMatch(Model):
         return self
 
 
+# Flow-control priorities a request may have (higher is served first); batch work runs below all of them.
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+Priority = Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
+
+
 class LimitOverride(Model):
-    """Limits and budget for some tenants or keys instead of the route's (or the server's)."""
+    """Limits, budget and flow-control standing for some tenants or keys instead of the route's (or the server's)."""
 
     match: LimitMatch
     """Which requests it applies to"""
@@ -321,6 +326,12 @@ class LimitOverride(Model):
     """Their limits (unset: the general ones)"""
     budget: Budget | None = None
     """Their budget (unset: the general one)"""
+    priority: Priority | None = None
+    """Their requests' flow-control priority when they send no X-Oculis-Priority (unset: the route's)"""
+    max_priority: Priority | None = None
+    """The highest X-Oculis-Priority they may ask for (unset: server.flow_control.max_priority)"""
+    weight: float | None = Field(None, gt=0, le=1000, allow_inf_nan=False)
+    """Their flow's share among flows of the same priority when requests queue (unset: 1)"""
 
 
 class Limiter(Model):
@@ -345,6 +356,17 @@ class DecisionLog(Model):
     """stdout, or an absolute file path (appended to)"""
     include_prompts: bool = False
     """Write the prompt or messages themselves (as a suite line has them); false: only their SHA-256"""
+
+
+class RouteFlowControl(Model):
+    """How this route's requests wait when its tier's replicas have no free seat (server.flow_control)."""
+
+    priority: Priority = 0
+    """Priority of its requests (higher is served first), unless the key's override or X-Oculis-Priority says"""
+    queue_ttl_seconds: float | None = Field(None, gt=0, le=3600, allow_inf_nan=False)
+    """How long a request may wait for a seat before a 429 with Retry-After (unset: the server's)"""
+    max_queue: int | None = Field(None, ge=0, le=1_000_000)
+    """Requests of this route that may wait at once; one more gets a 429 (unset: the server's)"""
 
 
 class RouteBody(Model):
@@ -374,6 +396,8 @@ class RouteBody(Model):
         "coldStartWaitSeconds for the upstream, then 503) or fail (503 at once, with Retry-After)")
     cold_start_wait_seconds: float = Field(60, gt=0, le=600, allow_inf_nan=False)
     """coldStart wait: how long a request is held for a woken upstream before the 503"""
+    flow_control: RouteFlowControl = Field(default_factory=RouteFlowControl)
+    """Its requests' priority and queue bounds when the fleet is full (with the router's flow control on)"""
 
     @model_validator(mode="after")
     def _tiers_are_usable(self) -> RouteBody:
@@ -407,6 +431,44 @@ def redis_url_problem(url: str, field: str = "server.redis_url") -> str | None:
     return None
 
 
+class FlowControl(Model):
+    """Flow control: when the replicas of a request's tier have no free seat (the picker's saturation guard:
+    every replica at `seats_per_replica` requests, or its KV cache full), the request waits in the router,
+    in one queue per flow, served by priority and fairly among the flows of one priority, instead of
+    piling into an engine's first-come-first-served queue."""
+
+    enabled: bool = False
+    """Queue requests in the router when the fleet is full; false: every request goes to an engine at once"""
+    fairness: Literal["tenant", "key", "route"] = "tenant"
+    """What one flow is: tenant (the API key subdivided by X-Oculis-Tenant, as the cache partitions), key
+    (the API key) or route"""
+    seats_per_replica: int | None = Field(None, ge=1, le=100_000)
+    """Requests one replica runs at once (vLLM's max_num_seqs, or fewer to keep its TTFT); unset: only its
+    KV cache bounds it. An upstream without replicas (a plain base_url) then counts as one replica"""
+    queue_ttl_seconds: float = Field(30, gt=0, le=3600, allow_inf_nan=False)
+    """How long a request may wait for a seat before a 429 with Retry-After (a route may set its own)"""
+    max_queue: int = Field(1000, ge=0, le=1_000_000)
+    """Requests of one route that may wait at once; one more gets a 429 (a route may set its own)"""
+    max_priority: Priority = 0
+    """The highest X-Oculis-Priority a request may ask for unless its key's override allows more"""
+
+
+class BatchSettings(Model):
+    """The OpenAI Batch API (/v1/files, /v1/batches): jobs run at the lowest flow-control priority,
+    through the same routes, on the seats interactive traffic leaves free."""
+
+    enabled: bool = False
+    """Serve /v1/files and /v1/batches"""
+    directory: str = Field("/var/lib/oculis/batch", min_length=1, max_length=4096, pattern=r"^/")
+    """Where files and batch state are kept (one folder per tenant); an absolute path"""
+    max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024, le=2**40)
+    """Largest file a client may upload (OpenAI's limit for batch input is 200 MB)"""
+    max_requests_per_batch: int = Field(50_000, ge=1, le=1_000_000)
+    """Most lines one batch input file may hold (OpenAI's limit is 50,000)"""
+    concurrency: int = Field(16, ge=1, le=10_000)
+    """Lines of one router's batches in flight at once (each still waits for a free seat)"""
+
+
 class ServerSettings(Model):
     """Router process settings."""
 
@@ -430,6 +492,10 @@ class ServerSettings(Model):
     """Other limits or budget for some tenants or keys, on every route (after the route's own overrides)"""
     limiter: Limiter = Field(default_factory=Limiter)
     """Where the limits' counts are kept"""
+    flow_control: FlowControl = Field(default_factory=FlowControl)
+    """Requests wait in the router, by priority and fair share, when their tier's replicas are full"""
+    batch: BatchSettings = Field(default_factory=BatchSettings)
+    """The OpenAI Batch API on this router"""
 
     @model_validator(mode="after")
     def _redis(self) -> ServerSettings:

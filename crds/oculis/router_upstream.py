@@ -147,6 +147,10 @@ class Upstream(Model):
     picker: PickerName | None = Field(None, description="How a replica is picked per request: random, round-robin, "
                                       f"least-loaded, prefix or kv-events (default {DEFAULT_PICKER}); "
                                       "self-hosted upstreams only")
+    priority_scheduling: bool = Field(False, description="Self-hosted: the engine runs vLLM's --scheduling-policy "
+                                      "priority (a GPUUpstream's engine.schedulerPolicy: priority); the router then "
+                                      "sends each request's flow-control priority as vLLM's `priority` field, so a "
+                                      "batch request already running yields to interactive ones inside the engine")
     tokenizer: str | None = Field(None, min_length=1, description="Self-hosted: the model's tokenizer as a local "
                                   "absolute path (its directory with tokenizer.json and tokenizer_config.json / "
                                   "chat_template.jinja, or the tokenizer.json): the prefix pickers then hash the "

@@ -53,6 +53,8 @@ def upstream_entry(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] 
         # missing one is refused by the router's reload, which keeps serving its last good config.
         if tokenizer := routing.get("tokenizer"):
             entry["tokenizer"] = tokenizer
+        if (spec.get("engine") or {}).get("schedulerPolicy") == "priority":  # vLLM takes `priority` then
+            entry["priority_scheduling"] = True
         if adapters := spec.get("adapters"):  # a tier naming another adapter is refused (InvalidRouterConfig)
             entry["adapters"] = [a["name"] for a in adapters]
         if (share := canary_share(obj)) is not None:

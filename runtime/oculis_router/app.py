@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +22,20 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HTTPRoute
 
-from oculis import RouterConfig
+from oculis import Pricing, RouterConfig
 from oculis_router import cache as rcache
 from oculis_router import replicas
+from oculis_router.batch.api import BatchAPI
+from oculis_router.batch.runner import Runner as BatchRunner
+from oculis_router.batch.store import Store as BatchStore
 from oculis_router.call import Calls
 from oculis_router.decisionlog import DecisionSink
 from oculis_router.decisionlog import entry as decision_entry
 from oculis_router.endpoints import EndpointResolver
 from oculis_router.errors import APIError
+from oculis_router.flowcontrol import BATCH_PRIORITY, PRIORITY_HEADER, FlowControl, PriorityRefused, Standing, standing
+from oculis_router.flowcontrol.seating import seated, take_seat
+from oculis_router.flowcontrol.standing import REQUEST_PRIORITY, flow_of
 from oculis_router.inbound import HeaderLimit, check_body, check_client_key, disconnected, read_body, tenant_of
 from oculis_router.kvsub import Subscriptions
 from oculis_router.limits import Identity, identity_of
@@ -47,11 +54,24 @@ log = logging.getLogger("oculis.router")
 INTERNAL = APIError(500, "internal router error (logged by the router)", type_="server_error", code="internal")
 
 
+@dataclass(frozen=True)
+class Internal:
+    """A request the router makes of itself (a batch line): its body and who it is for, already checked
+    when the batch was created; it runs at the batch priority, below every interactive request."""
+
+    body: dict[str, Any]
+    tenant: str
+    who: Identity
+
+
 class Router:
     """The request path: plan (tier) -> pick (replica) -> call -> relay; `handle` reads it top to bottom."""
 
-    def __init__(self, holder: ConfigHolder, metrics: Metrics, client_keys_env: str | None = None) -> None:
+    def __init__(self, holder: ConfigHolder, metrics: Metrics, client_keys_env: str | None = None,
+                 fleet: Fleet | None = None) -> None:
         self.holder, self.metrics = holder, metrics
+        self.fleet = fleet or Fleet(metrics)
+        self.flow = FlowControl(metrics.registry)  # requests wait here when their tier is full (flowcontrol/)
         self.calls = Calls(None, metrics)  # its caller needs the event loop: the app's lifespan sets it
         self.client_keys_env = client_keys_env  # from the command line; else the config's server setting
         self.decisions = DecisionSink()
@@ -68,23 +88,39 @@ class Router:
     def keys_env(self, rt: Runtime) -> str | None:
         return self.client_keys_env or rt.config.server.client_keys_env
 
-    async def handle(self, request: Request, endpoint: str) -> Response:
+    def standing(self, rt: Runtime, plan: Plan, who: Identity, route_label: str, request: Request,
+                 internal: Internal | None) -> Standing:
+        """The request's flow and priority for flow control (a 400/403 for a priority it may not have)."""
+        server, route = rt.config.server, plan.route.route if plan.route else None
+        if internal is not None:
+            return Standing(flow_of(server.flow_control, who, route_label), BATCH_PRIORITY)
+        try:
+            return standing(server, route, who, route_label, request.headers.get(PRIORITY_HEADER))
+        except PriorityRefused as exc:
+            raise APIError(exc.status, str(exc), type_="invalid_request_error" if exc.status == 400
+                           else "permission_error", param="X-Oculis-Priority", code="priority_not_allowed") from None
+
+    async def handle(self, request: Request, endpoint: str, internal: Internal | None = None) -> Response:
         rt = self.holder.current  # this request's config snapshot, whatever reloads happen meanwhile
         route_label = "-"
         plan: Plan | None = None  # once routed, an error answer still gets its decision-log line
         body: dict[str, Any] = {}
         try:
-            check_client_key(request, self.keys_env(rt))
+            if internal is None:  # a batch line's key was checked when its batch was created
+                check_client_key(request, self.keys_env(rt))
             if self.holder.waiting:
                 raise APIError(503, f"no router config loaded yet: waiting for {self.holder.path}; in a cluster it "
                                     "appears once an InferenceRoute exists in this namespace",
                                type_="service_unavailable", code="no_config")
-            body = await read_body(request, rt.config.server.max_body_bytes)
+            body = internal.body if internal else await read_body(request, rt.config.server.max_body_bytes)
             body = check_body(body, endpoint, rt.config.server.max_messages)
             plan = plan_request(rt, body, self.metrics, endpoint)
             route_label = body["model"]
-            tenant = tenant_of(request)  # the limiter's identity and the cache's partition
-            who = identity_of(request.headers, tenant)
+            # the limiter's identity and the cache's partition
+            tenant = internal.tenant if internal else tenant_of(request)
+            who = internal.who if internal else identity_of(request.headers, tenant)
+            place = self.standing(rt, plan, who, route_label, request, internal)
+            REQUEST_PRIORITY.set(place.priority)  # this request's task only: upstreams with priority scheduling
             # The cache first: a stored answer needs no upstream, so neither a cold start (a wait, or a
             # 503) nor a token or dollar limit (it spends none) stands in its way; it counts as a request.
             key = self.cache_key(plan, body, tenant, endpoint)
@@ -102,24 +138,37 @@ class Router:
             hold = None if rt.limiter is None else await rt.limiter.admit(
                 rt.config.server, plan.route.route if plan.route else None, route_label, who, body,
                 plan.prompt_tokens, [u.pricing for u in plan.tiers], *chains(plan))
+            # Flow control: after admission (a refused request never queues), before the upstream
+            try:
+                seat = await take_seat(self.flow, self.fleet, rt.config.server, plan, route_label, place,
+                                       None if internal else lambda: disconnected(request))
+            except BaseException:
+                if hold is not None:
+                    await hold.settle()  # nothing was spent: the reservation goes back
+                raise
             if body.get("stream"):
                 check = plan.route.route.escalation.on_answer if plan.route else None
                 if check is not None and check.buffer_streams and plan.route and plan.route.route.escalation.enabled:
                     # answered whole before any byte goes out: a client that leaves meanwhile stops it, as below
                     return self.logged(plan, body, await self.unless_client_leaves(
-                        request, held(hold, self.calls.buffered(body, plan, endpoint, key, route_label, hold)),
-                        route_label, plan))
+                        request, held(hold, seated(seat, self.calls.buffered(body, plan, endpoint, key, route_label,
+                                                                             hold))), route_label, plan))
                 return self.logged(plan, body, await held(
-                    hold, self.calls.stream(body, plan, endpoint, key, route_label, hold)))
+                    hold, seated(seat, self.calls.stream(body, plan, endpoint, key, route_label, hold))))
             return self.logged(plan, body, await self.unless_client_leaves(
-                request, held(hold, self.calls.complete(body, plan, endpoint, key, route_label, hold)), route_label,
-                plan))
+                request, held(hold, seated(seat, self.calls.complete(body, plan, endpoint, key, route_label, hold))),
+                route_label, plan))
         except APIError as err:
             # A tier's failure names the tier and upstream that failed last (Calls.failed), a cold start its upstream
             self.metrics.requests.labels(route_label, err.headers.get("x-oculis-tier", "-"),
                                          err.headers.get("x-oculis-upstream", "-"), f"error_{err.status}").inc()
             return err.response() if plan is None else self.logged(plan, body, err.response())
         except ClientDisconnect:  # the client left while sending its body: its doing, not an internal error
+            self.metrics.requests.labels(route_label, "-", "-", "client_closed").inc()
+            return Response(status_code=499)
+        except asyncio.CancelledError:
+            if internal is not None or not self.left_while_queued(request):
+                raise
             self.metrics.requests.labels(route_label, "-", "-", "client_closed").inc()
             return Response(status_code=499)
         except Exception:
@@ -129,6 +178,13 @@ class Router:
                           route_label)
             self.metrics.requests.labels(route_label, "-", "-", "error_500").inc()
             return INTERNAL.response()
+
+    @staticmethod
+    def left_while_queued(request: Request) -> bool:
+        """Whether a CancelledError is the flow-control wait giving up for a client that left (its task
+        goes on to answer 499), not a cancellation of the task itself (shutdown)."""
+        me = asyncio.current_task()
+        return me is not None and me.cancelling() == 0
 
     @staticmethod
     def cache_key(plan: Plan, body: dict[str, Any], tenant: str, endpoint: str) -> str | None:
@@ -209,7 +265,8 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
     `redis_url`: the response cache and the rate limiter of every config loaded use this Redis."""
     metrics = metrics or Metrics()
     holder = ConfigHolder(config_path, metrics, config, wait_for_file=wait_for_config, redis_url=redis_url)
-    router = Router(holder, metrics, client_keys_env)
+    fleet = Fleet(metrics)  # the replicas of self-hosted upstreams, and their pickers (pick.py)
+    router = Router(holder, metrics, client_keys_env, fleet)
 
     async def chat(request: Request) -> Response:
         return await router.handle(request, "chat")
@@ -237,6 +294,25 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
             return err.response()
         return JSONResponse(found)
 
+    async def batch_line(endpoint: str, body: dict[str, Any], tenant: str, who: Identity) -> Response:
+        """A batch line through the request path, as its owner, at the batch priority."""
+        scope = {"type": "http", "method": "POST", "path": f"/v1/{endpoint}", "headers": [], "query_string": b""}
+
+        async def never() -> dict[str, Any]:  # no client to leave: the line's answer is always read
+            await asyncio.Event().wait()
+            return {"type": "http.disconnect"}
+
+        return await router.handle(Request(scope, never), endpoint, Internal(body, tenant, who))
+
+    def prices(upstream: str) -> Pricing | None:
+        up = holder.current.upstreams.get(upstream)
+        return up.pricing if up is not None else None
+
+    batches = BatchRunner(batch_line, metrics.registry, prices)
+    batch_api = BatchAPI(lambda: holder.current.config.server.batch,
+                         lambda request: check_client_key(request, router.keys_env(holder.current)),
+                         lambda: [m["id"] for m in describe(holder.current)], batches)
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -257,8 +333,6 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
             return JSONResponse({"status": f"config reload watcher stopped: {holder.watch_stopped}",
                                  "config": holder.current.digest[:12], **pending}, status_code=503)
         return JSONResponse({"status": "ready", "config": holder.current.digest[:12], **pending})
-
-    fleet = Fleet(metrics)  # the replicas of self-hosted upstreams, and their pickers (pick.py)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -281,12 +355,17 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
             replicas.keep_synced(fleet, lambda: holder.current.config, resolver, slices, subs.sync),
             replicas.keep_scraping(fleet, http), *([slices.run()] if slices is not None else []))]
         watcher = asyncio.create_task(holder.watch(reload_interval)) if config_path else None
+        batch_cfg = holder.current.config.server.batch if not holder.waiting else None
+        if batch_cfg is not None and batch_cfg.enabled:  # batches a previous run left open go on
+            batches.resume(BatchStore(Path(batch_cfg.directory)), batch_cfg.concurrency)
         yield
+        await batches.close()
         if watcher:
             watcher.cancel()
         for task in tasks:
             task.cancel()
         subs.close()
+        router.flow.close()
         await http.close()
         await holder.close()
 
@@ -310,6 +389,7 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
         HTTPRoute("/healthz", healthz, methods=["GET"]),
         HTTPRoute("/readyz", readyz, methods=["GET"]),
         HTTPRoute("/openapi.json", openapi_json, methods=["GET"]),
+        *batch_api.routes(),
     ], lifespan=lifespan,
         middleware=[Middleware(HeaderLimit, limit=lambda: holder.current.config.server.max_header_bytes)])
     app.state.metrics = metrics

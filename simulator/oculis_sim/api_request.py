@@ -102,6 +102,7 @@ class GenRequest:
     stops: tuple[str, ...]
     seed: int | None
     request_id: str | None
+    priority: int = 0  # vLLM's request priority (only with --scheduling-policy priority)
 
     @property
     def n_prompt(self) -> int:
@@ -172,7 +173,7 @@ def _completion_prompts(body: dict[str, Any]) -> list[tuple[list[str], int, str,
 
 
 def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int,
-          request_id: str | None = None) -> GenRequest:
+          request_id: str | None = None, priority_scheduling: bool = False) -> GenRequest:
     """The request as the engine runs it, or ApiError in the order vLLM checks."""
     if not isinstance(body, dict):
         raise schema_error("model_attributes_type", (), "Input should be a valid dictionary or object to extract "
@@ -242,6 +243,8 @@ def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int,
         raise invalid(f"logprobs must be non-negative or -1, got {logprobs}.", "logprobs", logprobs)
     if temperature is not None and temperature < 1e-5 and n > 1:
         raise invalid(f"n must be 1 when using greedy sampling, got {n}.")
+    # vLLM 0.32 takes a priority under either policy (fcfs ignores it: tests/realengine/test_priority_real.py)
+    priority = (_int(body, "priority") or 0) if priority_scheduling else 0
     stop = body.get("stop")
     stops = (stop,) if isinstance(stop, str) else tuple(s for s in stop or [] if isinstance(s, str))
     if any(not s for s in stops):
@@ -252,4 +255,4 @@ def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int,
         requested_max_tokens=requested, n=n, stream=stream,
         include_usage=bool(opts.get("include_usage")) if isinstance(opts, dict) else False,
         logprobs=None if logprobs is None else (20 if logprobs == -1 else logprobs),
-        echo=bool(body.get("echo")) and not chat, stops=stops, seed=seed, request_id=request_id)
+        echo=bool(body.get("echo")) and not chat, stops=stops, seed=seed, request_id=request_id, priority=priority)

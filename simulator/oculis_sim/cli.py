@@ -10,6 +10,7 @@ MODEL may be a local model directory: its config.json is the architecture (as `v
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -50,6 +51,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", "-tp", "--tensor-parallel", dest="tp", type=int, default=1,
                    metavar="N")
     p.add_argument("--max-num-seqs", type=int, metavar="S")
+    p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                   help="fcfs, or priority: requests' `priority` field orders the waiting queue and picks "
+                   "who is preempted (lower first), as vLLM's scheduler")
     p.add_argument("--max-num-batched-tokens", metavar="B", help="per-step token budget (2048, 8k, 8K)")
     p.add_argument("--max-model-len", metavar="L", help="longest sequence; `auto` = the largest that fits")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.92, metavar="U",
@@ -109,7 +113,7 @@ def settings_from(args: argparse.Namespace) -> config.Settings:
         model_config = _local_model(model)
     tokens = (config.parse_int("--max-num-batched-tokens", args.max_num_batched_tokens)
               if args.max_num_batched_tokens is not None else None)
-    return config.resolve(
+    return dataclasses.replace(config.resolve(
         model, args.gpu, model_config=model_config, tp=args.tp, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=tokens, max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
@@ -119,7 +123,8 @@ def settings_from(args: argparse.Namespace) -> config.Settings:
         num_gpu_blocks_override=args.num_gpu_blocks_override, vllm_version=args.vllm_version,
         block_size=args.block_size, mean_logprob=args.sim_mean_logprob,
         prompt_tokens_details=args.enable_prompt_tokens_details, step_profile=args.step_profile,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes, cpu_kvcache_space=os.environ.get("VLLM_CPU_KVCACHE_SPACE"))
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes, cpu_kvcache_space=os.environ.get("VLLM_CPU_KVCACHE_SPACE")),
+        scheduling_policy=args.scheduling_policy)
 
 
 # Read from the rest of the argv as vLLM reads them (oculis_sim.lora), so listed here rather than as flags.

@@ -112,6 +112,7 @@ class Settings:
     block_size: int = capacity.BLOCK  # KV block in tokens (vLLM's CPU backend uses 128)
     step_profile: steptime.FittedSteps | None = None  # a fitted step-time model replaces the roofline
     kv_cache_memory_bytes: int | None = None  # the KV budget given (kv_memory), None: the memory plan's
+    scheduling_policy: str = "fcfs"  # --scheduling-policy: fcfs or priority (requests' `priority` field honoured)
 
     @property
     def version_profile(self) -> versions.VersionProfile:

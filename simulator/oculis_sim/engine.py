@@ -53,7 +53,8 @@ class EngineCore:
         self.settings = s
         k = s.spec.num_speculative_tokens if s.spec else 0
         self.scheduler = Scheduler(s.num_blocks, s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len, k,
-                                   s.prefix_caching, s.block_size, s.vllm_version >= FULL_SEQUENCE_ADMISSION)
+                                   s.prefix_caching, s.block_size, s.vllm_version >= FULL_SEQUENCE_ADMISSION,
+                                   "priority" if s.scheduling_policy == "priority" else "fcfs")
         self.cost, self.draft_cost = cost_models(s)
         self.k = k
         self.sampler = AcceptanceSampler(s.acceptance_rate, s.seed + 1) if k else None

@@ -12,27 +12,36 @@ vllm-engine note section 1):
   (at least one token is always computed); blocks nobody references stay cached until evicted, LRU.
   A preempted request's own cached blocks are dropped (BLIS #1121: keeping them made re-prefill free);
 - speculative decoding: a decoding request schedules 1 + k tokens; the engine reports how many of the
-  k drafts were accepted, and the rejected ones are un-computed.
+  k drafts were accepted, and the rejected ones are un-computed;
+- `--scheduling-policy priority` (vLLM's SchedulingPolicy.PRIORITY): WAITING is ordered by (priority,
+  arrival), the lower value first (vLLM's PriorityRequestQueue, a preempted request re-enters by the same
+  key), and the request preempted when blocks run out is the running one with the largest (priority,
+  arrival): `max(self.running, key=lambda r: (r.priority, r.arrival_time))`; one already scheduled in
+  the step gives its tokens back to the budget.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 BLOCK = 16
+Policy = Literal["fcfs", "priority"]
 
 
 class Request:
     """One sequence inside the engine. Times are on whatever clock the driver uses."""
 
     __slots__ = ("arrival", "blocks", "cached_upto", "first_token", "hashes", "last_token", "max_output",
-                 "num_computed", "num_output", "preemptions", "prompt_len", "rid", "shared", "sink",
+                 "num_computed", "num_output", "preemptions", "priority", "prompt_len", "rid", "shared", "sink",
                  "spec_scheduled", "started")
 
     def __init__(self, rid: int, prompt_len: int, max_output: int, arrival: float = 0.0,
-                 hashes: tuple[object | None, ...] = (), sink: object = None) -> None:
+                 hashes: tuple[object | None, ...] = (), sink: object = None, priority: int = 0) -> None:
         self.rid = rid
+        self.priority = priority  # vLLM's request priority: with the priority policy, lower runs first
         self.prompt_len = prompt_len
         self.max_output = max_output  # tokens to generate (the simulated EOS comes after this many)
         self.arrival = arrival
@@ -133,8 +142,9 @@ class StepPlan:
 class Scheduler:
     def __init__(self, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                  num_speculative_tokens: int = 0, prefix_caching: bool = True, block_size: int = BLOCK,
-                 full_sequence_admission: bool = False) -> None:
+                 full_sequence_admission: bool = False, policy: Policy = "fcfs") -> None:
         self.pool = BlockPool(num_blocks)
+        self.policy = policy
         self.block = block_size
         # vLLM >= 0.19 (scheduler_reserve_full_isl, vllm#37307, default on): a waiting request is admitted only
         # if its whole known sequence fits the free blocks, not just its first chunk (no admit-then-preempt).
@@ -149,7 +159,14 @@ class Scheduler:
         self.preemptions = 0
 
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        if self.policy == "priority":
+            self._enqueue(req)
+        else:
+            self.waiting.append(req)
+
+    def _enqueue(self, req: Request) -> None:
+        """Into WAITING by (priority, arrival), as vLLM's PriorityRequestQueue pops them."""
+        bisect.insort(self.waiting, req, key=lambda r: (r.priority, r.arrival, r.rid))
 
     def abort(self, req: Request) -> None:
         """A client went away: drop the request wherever it is and free its blocks (one not yet added is
@@ -211,7 +228,10 @@ class Scheduler:
         victim.num_computed = 0
         victim.preemptions += 1
         self.preemptions += 1
-        self.waiting.appendleft(victim)
+        if self.policy == "priority":
+            self._enqueue(victim)
+        else:
+            self.waiting.appendleft(victim)
         plan.preempted.append(victim)
 
     def _count(self, plan: StepPlan, req: Request, num_new: int, spec: int) -> None:
@@ -225,6 +245,21 @@ class Scheduler:
         else:
             plan.decode_tokens += num_new
             plan.decode_pairs += num_new * (ctx + num_new / 2)
+
+    def _uncount(self, plan: StepPlan, req: Request) -> int:
+        """Take back a request scheduled earlier in this step (before it is preempted); its tokens."""
+        at = next(k for k, (r, _) in enumerate(plan.scheduled) if r is req)
+        _, num_new = plan.scheduled.pop(at)
+        ctx = req.num_computed
+        plan.context_tokens -= ctx
+        if ctx < req.num_tokens - 1:
+            plan.prefill_tokens -= num_new
+            plan.prefill_pairs -= num_new * (ctx + num_new / 2)
+        else:
+            plan.decode_tokens -= num_new
+            plan.decode_pairs -= num_new * (ctx + num_new / 2)
+        req.spec_scheduled = 0
+        return num_new
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
@@ -244,7 +279,15 @@ class Scheduler:
             need = -(-(req.num_computed + num_new) // self.block) - req.blocks - len(req.shared)
             scheduled = True
             while need > 0 and not pool.allocate(need):
-                victim = running.pop()  # the newest running request
+                if self.policy == "priority":  # the lowest priority, the latest arrival among them
+                    victim = max(running, key=lambda r: (r.priority, r.arrival))
+                    at = running.index(victim)
+                    running.pop(at)
+                    if at < i:  # already scheduled in this step: its tokens go back to the budget
+                        budget += self._uncount(plan, victim)
+                        i -= 1
+                else:
+                    victim = running.pop()  # the newest running request
                 self._preempt(victim, plan)
                 if victim is req:
                     scheduled = False

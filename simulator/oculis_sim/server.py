@@ -255,7 +255,7 @@ class SimServer:
         ch = Choice(call, index, prompt, out, reason, word0)
         call.choices.append(ch)
         if out > 0:
-            req = Request(next(self.seq), prompt.n, out, arrival, hashes, ch)
+            req = Request(next(self.seq), prompt.n, out, arrival, hashes, ch, gen.priority)
             ch.req = req
             heapq.heappush(self.pending, (arrival + self.core.cost.api_s, req.rid, req))
         else:
@@ -273,7 +273,7 @@ class SimServer:
         adapter = body.get("model") if lora and isinstance(body, dict) and body.get("model") in lora.modules else None
         try:
             gen = parse(body, chat, names + ((adapter,) if adapter else ()), self.settings.max_model_len,
-                        request.headers.get("X-Request-Id"))
+                        request.headers.get("X-Request-Id"), self.settings.scheduling_policy == "priority")
         except ApiError as err:
             return error_response(err)
         seed = (self.settings.seed, gen.seed) if gen.seed is not None else (self.settings.seed, next(self.seq))

@@ -81,6 +81,8 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     "lora": ("--enable-lora", "--max-loras", "1", "--max-lora-rank", "8"),
     # The LoRA engine keyed as the operator keys it (issue 35): VLLM_API_KEY from the environment.
     "keyed": ("--enable-lora", "--max-loras", "1", "--max-lora-rank", "8"),
+    # flow control's priorities reaching the engine (issue 32): vLLM's priority scheduling
+    "priority": ("--scheduling-policy", "priority"),
 }
 ENVS: dict[str, dict[str, str]] = {"lora": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
                                    "keyed": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from oculis import Upstream
+from oculis_router.flowcontrol.standing import REQUEST_PRIORITY, engine_priority
 from oculis_router.upstream_keys import key_of
 
 PATHS = {"chat": "/chat/completions", "completions": "/completions"}
@@ -20,6 +21,10 @@ def build_request(up: Upstream, endpoint: str, body: dict[str, Any]) -> tuple[st
     out = dict(body)
     if up.model:
         out["model"] = up.model
+    if up.priority_scheduling:  # the router's priority, never the client's own field: no queue jumping
+        out.pop("priority", None)
+        if (priority := REQUEST_PRIORITY.get()) is not None:
+            out["priority"] = engine_priority(priority)
     opts = out.get("stream_options", {})
     if out.get("stream") and isinstance(opts, dict):
         # Always, whatever the client asked: a stream is metered (tokens, cost, budgets) by its usage

@@ -1,0 +1,237 @@
+"""Runs batches: each line through the router's own request path (its route's tiers, cache, limits,
+budgets and metering, as the batch's owner) at the batch priority, so it takes only seats no interactive
+request waits for (flow control). Lines are recorded once (store.py); a router that restarts resumes its
+open batches and skips the lines already recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+from starlette.responses import Response
+
+from oculis import Pricing
+from oculis_router.batch.check import Line, parse_input
+from oculis_router.batch.store import OWNER, Appender, Store, new_id
+from oculis_router.limits import Identity
+from oculis_router.usage import Usage, cost_dollars
+
+log = logging.getLogger("oculis.router")
+STATUS_POLL_S = 1.0  # how often a running batch re-reads its status (a cancel from another router replica)
+SAVE_EVERY_S = 0.5  # a running batch's counts are written at most this often (and at every change of status)
+RETRY_CAP_S = 60  # the longest a line waits before trying again after a 429 with Retry-After
+# what a line is sent as: (endpoint, body, tenant, who) -> the router's answer
+Call = Callable[[str, dict[str, Any], str, Identity], Awaitable[Response]]
+FINAL = ("completed", "failed", "expired", "cancelled")
+
+
+class BatchMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.lines = Counter("oculis_batch_lines", "Batch lines answered, by route and outcome (ok, error, expired)",
+                             ["route", "outcome"], registry=registry)
+        self.tokens = Counter("oculis_batch_tokens", "Tokens of batch lines (also in the per-upstream token "
+                              "counters): batch spend apart from interactive", ["route", "kind"], registry=registry)
+        self.cost = Counter("oculis_batch_cost_dollars", "Estimated cost of batch lines by route and the upstream "
+                            "that answered (part of oculis_cost_dollars_total)", ["route", "upstream"],
+                            registry=registry)
+
+
+class Run:
+    """One batch being run by this router."""
+
+    def __init__(self, store: Store, batch: dict[str, Any]) -> None:
+        self.store, self.batch = store, batch
+        owner = batch[OWNER]
+        self.tenant = owner["tenant"]
+        self.who = Identity(owner["tenant"], owner["key_sha256"], owner["tenant_header"])
+        self.cancel = False
+        self.read_at = 0.0
+        self.saved_at = 0.0
+        self.saving = asyncio.Lock()  # one write at a time, in order: an older snapshot never lands last
+
+    def stopping(self) -> bool:
+        """Cancelled (here or by another replica, seen in the store) or past its completion window."""
+        now = time.time()
+        if not self.cancel and time.monotonic() - self.read_at >= STATUS_POLL_S:
+            self.read_at = time.monotonic()
+            stored = self.store.batch(self.tenant, self.batch["id"])
+            if stored is not None and stored["status"] == "cancelling":
+                self.cancel = True
+                self.batch.update(status="cancelling", cancelling_at=stored.get("cancelling_at"))
+        return self.cancel or now >= self.batch["expires_at"]
+
+    def save(self) -> None:
+        self.store.save_batch(self.tenant, self.batch)
+
+    async def save_soon(self) -> None:
+        """The counts, written off the event loop and at most every SAVE_EVERY_S (the answers stay fast)."""
+        if time.monotonic() - self.saved_at < SAVE_EVERY_S:
+            return
+        self.saved_at = time.monotonic()
+        data = json.dumps(self.batch).encode()
+        async with self.saving:
+            await asyncio.to_thread(self.store.write_batch, self.tenant, self.batch["id"], data)
+
+
+class Runner:
+    def __init__(self, call: Call, registry: CollectorRegistry,
+                 pricing: Callable[[str], Pricing | None] = lambda _: None) -> None:
+        self.call = call
+        self.pricing = pricing  # an upstream's prices in the config in force (None: unknown)
+        self.metrics = BatchMetrics(registry)
+        self.runs: dict[str, Run] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.sem: asyncio.Semaphore | None = None
+        self.concurrency = 0
+
+    def start(self, store: Store, batch: dict[str, Any], concurrency: int) -> None:
+        if batch["id"] in self.runs:
+            return
+        if self.sem is None or self.concurrency != concurrency:  # the setting changed: new bound for new lines
+            self.sem, self.concurrency = asyncio.Semaphore(concurrency), concurrency
+        run = Run(store, batch)
+        self.runs[batch["id"]] = run
+        task = asyncio.get_running_loop().create_task(self._guarded(run))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def resume(self, store: Store, concurrency: int) -> None:
+        for b in store.open_batches():
+            log.info("batch %s: resuming (%s)", b["id"], b["status"])
+            self.start(store, b, concurrency)
+
+    def cancel(self, batch_id: str) -> bool:
+        run = self.runs.get(batch_id)
+        if run is not None:
+            run.cancel = True
+        return run is not None
+
+    async def close(self) -> None:
+        for t in list(self.tasks):
+            t.cancel()
+        for t in list(self.tasks):
+            with contextlib.suppress(BaseException):
+                await t
+
+    async def _guarded(self, run: Run) -> None:
+        try:
+            await self._run(run)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a store error: the batch stays open and resumes when the router restarts
+            log.exception("batch %s stopped on an error; it resumes when the router restarts", run.batch["id"])
+        finally:
+            self.runs.pop(run.batch["id"], None)
+
+    async def _run(self, run: Run) -> None:
+        b, store = run.batch, run.store
+        lock = store.lock(run.tenant, b["id"])
+        if lock is None:
+            log.info("batch %s is run by another router replica", b["id"])
+            return
+        try:
+            data = store.results(run.tenant, b["id"], "input").read_bytes()
+            lines = parse_input(data, 1 << 30, 1 << 62)  # checked at creation: these bounds never bite
+            done, ok, failed = store.recorded(run.tenant, b["id"])
+            b["request_counts"] = {"total": len(lines), "completed": ok, "failed": failed}
+            if b["status"] == "validating":
+                b.update(status="in_progress", in_progress_at=int(time.time()))
+            run.save()
+            out = Appender(store, run.tenant, b["id"])
+            try:
+                await self._lines(run, [ln for ln in lines if ln.custom_id not in done], out)
+            finally:
+                out.close()
+            self._finish(run, [ln for ln in lines if ln.custom_id not in store.recorded(run.tenant, b["id"])[0]])
+        finally:
+            lock.close()
+
+    async def _lines(self, run: Run, todo: list[Line], out: Appender) -> None:
+        assert self.sem is not None
+        sem = self.sem
+        pending: set[asyncio.Task[None]] = set()
+        try:
+            for line in todo:
+                if run.stopping():
+                    break
+                await sem.acquire()
+                if run.stopping():
+                    sem.release()
+                    break
+                t = asyncio.get_running_loop().create_task(self._line(run, line, out))
+                t.add_done_callback(lambda _: sem.release())
+                pending.add(t)
+                t.add_done_callback(pending.discard)
+            if pending:
+                await asyncio.gather(*pending)
+        except asyncio.CancelledError:
+            for t in pending:
+                t.cancel()
+            raise
+
+    async def _line(self, run: Run, line: Line, out: Appender) -> None:
+        while True:
+            resp = await self.call(line.endpoint, dict(line.body), run.tenant, run.who)
+            after = resp.headers.get("retry-after")
+            retry = resp.headers.get("x-should-retry") != "false"  # a spent budget says stop, not wait
+            if resp.status_code in (429, 503) and retry and after and after.isdigit() and not run.stopping():
+                # the fleet is full (flow control shed it) or a limit says wait: not an answer, try again
+                await asyncio.sleep(min(RETRY_CAP_S, max(1, int(after))))
+                continue
+            break
+        try:
+            body: Any = json.loads(bytes(resp.body))
+        except (ValueError, AttributeError):
+            body = {"error": {"message": f"the router answered {resp.status_code} without a JSON body",
+                              "type": "server_error", "param": None, "code": None}}
+        status = resp.status_code
+        kind = "output" if 200 <= status < 300 else "errors"
+        # appended and synced in a worker thread: an fsync on the event loop would stall every request
+        await asyncio.to_thread(out.write, kind, {
+            "id": new_id("batch_req_"), "custom_id": line.custom_id, "response": {
+                "status_code": status, "request_id": resp.headers.get("x-request-id") or new_id("req_"),
+                "body": body}, "error": None})
+        counts = run.batch["request_counts"]
+        counts["completed" if kind == "output" else "failed"] += 1
+        route = str(line.body["model"])
+        self.metrics.lines.labels(route, "ok" if kind == "output" else "error").inc()
+        usage = Usage.parse(body.get("usage") if isinstance(body, dict) else None)
+        if usage is not None:
+            self.metrics.tokens.labels(route, "prompt").inc(usage.prompt)
+            self.metrics.tokens.labels(route, "completion").inc(usage.completion)
+            upstream = resp.headers.get("x-oculis-upstream", "-")
+            if (prices := self.pricing(upstream)) is not None:
+                self.metrics.cost.labels(route, upstream).inc(cost_dollars(prices, usage))
+        await run.save_soon()
+
+    def _finish(self, run: Run, left: list[Line]) -> None:
+        b, store = run.batch, run.store
+        now = int(time.time())
+        expired = not run.cancel and bool(left) and time.time() >= b["expires_at"]
+        if expired:  # what the window left undone is written as errors, as OpenAI does
+            out = Appender(store, run.tenant, b["id"])
+            try:
+                for line in left:
+                    out.write("errors", {"id": new_id("batch_req_"), "custom_id": line.custom_id, "response": None,
+                                         "error": {"code": "batch_expired", "message": "This request could not be "
+                                                   "executed before the completion window expired."}})
+                    self.metrics.lines.labels(str(line.body["model"]), "expired").inc()
+            finally:
+                out.close()
+        b.update(status="finalizing", finalizing_at=now)
+        run.save()
+        for kind, key, purpose in (("output", "output_file_id", "batch_output"), ("errors", "error_file_id",
+                                                                                  "batch_output")):
+            path = store.results(run.tenant, b["id"], kind)
+            if path.exists() and path.stat().st_size and not b.get(key):
+                b[key] = store.put_file(run.tenant, f"{b['id']}_{kind}.jsonl", purpose, path.read_bytes())["id"]
+        final = "cancelled" if run.cancel else "expired" if expired else "completed"
+        b.update(status=final, **{f"{final}_at": int(time.time())})
+        run.save()
+        log.info("batch %s %s: %s", b["id"], final, b["request_counts"])
