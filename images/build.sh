@@ -26,6 +26,11 @@ RUNTIME_PACKAGES="python3,ca-certificates"
 MMDEBSTRAP_OPTS=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*'
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*')
+# mmdebstrap reads this machine's apt sources on Debian (its mirror, proxy or snapshot); elsewhere (an
+# Ubuntu runner) Debian's own mirror. OCULIS_DEBIAN_MIRROR overrides both.
+MIRROR=()
+if [ -n "${OCULIS_DEBIAN_MIRROR:-}" ]; then MIRROR=("$OCULIS_DEBIAN_MIRROR")
+elif ! grep -qx 'ID=debian' /etc/os-release 2>/dev/null; then MIRROR=(http://deb.debian.org/debian); fi
 SOURCE_URL="https://github.com/oculis/oculis"
 start=$(date +%s)
 
@@ -59,7 +64,7 @@ REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 # base NAME PACKAGES -> prints the local image name of a minbase root filesystem with PACKAGES.
 base() {
   local name=$1 packages=$2 key tar image
-  key=$(printf '%s\n' "$SUITE" minbase "$packages" "${MMDEBSTRAP_OPTS[@]}" | sha256sum | cut -c1-16)
+  key=$(printf '%s\n' "$SUITE" minbase "$packages" "${MMDEBSTRAP_OPTS[@]}" "${MIRROR[@]}" | sha256sum | cut -c1-16)
   tar="$CACHE/base-$name-$key.tar"
   image="localhost/oculis-base-$name:$key"
   if [ -s "$tar" ]; then
@@ -73,7 +78,7 @@ base() {
         --skip=essential/unlink --setup-hook='mkdir -p "$1"/var/cache/apt/archives/' \
         --setup-hook="sync-in $CACHE/debs /var/cache/apt/archives/" \
         --customize-hook="sync-out /var/cache/apt/archives $CACHE/debs" \
-        "$SUITE" "$tar.part" >"$CACHE/mmdebstrap-$name.log" 2>&1; then
+        "$SUITE" "$tar.part" "${MIRROR[@]}" >"$CACHE/mmdebstrap-$name.log" 2>&1; then
       rm -f "$tar.part"
       die "base $name: mmdebstrap could not build Debian $SUITE from its packages (no Debian mirror reachable?); log: $CACHE/mmdebstrap-$name.log"
     fi
@@ -137,11 +142,8 @@ build() {
   buildah bud --quiet --isolation chroot --layers -f "$dockerfile" \
     --build-arg BASE="$RUNTIME_BASE" --build-arg BUILD_BASE="$BUILD_BASE" \
     --build-arg PIP_CONFIG_FILE=/tmp/pip/pip.conf -v "$PIPDIR:/tmp/pip" \
-    --label org.opencontainers.image.title="$name" \
-    --label org.opencontainers.image.source="$SOURCE_URL" \
-    --label org.opencontainers.image.revision="$REVISION" \
-    --label org.opencontainers.image.version="$VERSION" \
-    --label org.opencontainers.image.licenses="$LICENSES" \
+    --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" \
+    --build-arg SOURCE="$SOURCE_URL" --build-arg LICENSES="$LICENSES" \
     -t "$image" . >/dev/null \
     || die "$name: buildah bud -f $dockerfile failed (see above)"
   rm -f "$archive" "$OUT/$name.inputs"

@@ -135,7 +135,10 @@ def run_image(img: Image, args: list[str], env: dict[str, str], etc: Path, log: 
     for f in etc.iterdir():
         f.chmod(0o644)
     image_env = dict(e.split("=", 1) for e in proc_cfg["env"])
-    full_env = {**image_env, **env}
+    # HOME as a container runtime sets it: the user's home in the image's /etc/passwd, else /
+    homes = {int(f[2]): f[5] for f in (ln.split(":") for ln in (root / "etc" / "passwd").read_text().splitlines())
+             if len(f) > 5}
+    full_env = {"HOME": homes.get(uid, "/"), **image_env, **env}
     script = f"""set -e
 R={shlex.quote(str(root))}
 mount --bind "$R" "$R"
@@ -308,12 +311,12 @@ def _reconcile_with_image(img: Image, kubeconfig: Path, namespace: str, api: cli
     log = tmp_path / "operator-image.log"
     world = World(api, namespace)
     with run_image(img, list(img.config["process"]["args"]), env, etc, log):
-        tail = lambda: log.read_text(errors="replace")[-3000:]  # noqa: E731
         eventually(lambda: httpx.get(f"http://127.0.0.1:{health}/healthz").status_code == 200, timeout=180,
-                   what=f"the operator image's /healthz; log:\n{tail()}")
-        eventually(webhook_is_the_image, timeout=180, what="the operator image's webhook registered")
+                   what=f"the operator image's /healthz (log: {log})")
+        eventually(webhook_is_the_image, timeout=180, what=f"the operator image's webhook registered (log: {log})")
         world.create(upstream("img"))
-        eventually(lambda: world.ready("img"), timeout=300, what="GPUUpstream Ready, reconciled by the image")
+        eventually(lambda: world.ready("img"), timeout=300,
+                   what=f"GPUUpstream Ready, reconciled by the image (log: {log})")
         dep = world.deployment("img")
         assert dep.metadata.owner_references[0].kind == "GPUUpstream"
-        assert "Traceback" not in log.read_text(errors="replace"), tail()
+        assert "Traceback" not in log.read_text(errors="replace"), log.read_text(errors="replace")[-3000:]
