@@ -139,7 +139,7 @@ build() {
   fi
   t0=$(date +%s)
   say "$name: buildah bud -f $dockerfile (BASE=$RUNTIME_BASE, BUILD_BASE=$BUILD_BASE)"
-  buildah bud --quiet --isolation chroot --layers -f "$dockerfile" \
+  buildah bud --quiet --isolation chroot --layers --force-rm -f "$dockerfile" \
     --build-arg BASE="$RUNTIME_BASE" --build-arg BUILD_BASE="$BUILD_BASE" \
     --build-arg PIP_CONFIG_FILE=/tmp/pip/pip.conf -v "$PIPDIR:/tmp/pip" \
     --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" \
