@@ -142,10 +142,19 @@ build() {
   buildah bud --quiet --isolation chroot --layers --force-rm -f "$dockerfile" \
     --build-arg BASE="$RUNTIME_BASE" --build-arg BUILD_BASE="$BUILD_BASE" \
     --build-arg PIP_CONFIG_FILE=/tmp/pip/pip.conf -v "$PIPDIR:/tmp/pip" \
-    --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" \
-    --build-arg SOURCE="$SOURCE_URL" --build-arg LICENSES="$LICENSES" \
     -t "$image" . >/dev/null \
     || die "$name: buildah bud -f $dockerfile failed (see above)"
+  # The labels go on after the build, onto the built image: with `bud --label` (or a LABEL of build args)
+  # buildah 1.28 either rebuilds every layer for a new commit or reuses a cached LABEL step with the old
+  # commit's values.
+  local ctr
+  ctr=$(buildah from --quiet --pull-never "$image")
+  buildah config --label org.opencontainers.image.title="$name" \
+    --label org.opencontainers.image.source="$SOURCE_URL" \
+    --label org.opencontainers.image.revision="$REVISION" \
+    --label org.opencontainers.image.version="$VERSION" \
+    --label org.opencontainers.image.licenses="$LICENSES" "$ctr"
+  buildah commit --quiet --rm "$ctr" "$image" >/dev/null
   rm -f "$archive" "$OUT/$name.inputs"
   buildah push --quiet --digestfile "$OUT/$name.digest" "$image" "oci-archive:$archive:$VERSION" >/dev/null \
     || die "$name: buildah push to oci-archive:$archive failed"
