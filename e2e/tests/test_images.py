@@ -129,8 +129,7 @@ def run_image(img: Image, args: list[str], env: dict[str, str], etc: Path, log: 
     proc_cfg = img.config["process"]
     uid, gid = proc_cfg["user"]["uid"], proc_cfg["user"].get("gid", proc_cfg["user"]["uid"])
     root = img.rootfs
-    for d in (root / "etc" / "oculis",):
-        d.mkdir(exist_ok=True)  # the mount point a runtime would create
+    (root / "etc" / "oculis").mkdir(exist_ok=True)  # the mount point, as a runtime creates it
     etc.chmod(0o755)
     for f in etc.iterdir():
         f.chmod(0o644)
