@@ -90,6 +90,10 @@ def register(sub: Any) -> None:
     p.add_argument("--latency-tolerance", type=finite_float, default=20.0, metavar="PCT",
                    help="p50/p95 latency rise that fails, if also above --latency-floor-ms (default 20)")
     p.add_argument("--latency-floor-ms", type=finite_float, default=5.0)
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run the workload N times (same seed, fresh salt each) and judge on all of them: the "
+                   "spread between runs is the noise floor that widens every interval (default 1; save a "
+                   "baseline with --repeat 3 or more to measure it)")
     p.add_argument("--min-requests", type=int, default=20, help="fewer succeeded requests: INCONCLUSIVE (default 20)")
     p.add_argument("--drain-timeout", default="60s", help="how long in-flight requests may finish (default 60s)")
     p.add_argument("--request-timeout", default="300s", help="one request's limit (default 300s)")
@@ -150,14 +154,17 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
                         ("--latency-floor-ms", args.latency_floor_ms)):
         if value < 0:
             raise InputError(f"{flag} {value:g} is negative; give a value >= 0")
+    if args.repeat < 1:
+        raise InputError(f"--repeat {args.repeat} is below 1; give the number of runs, e.g. 3")
     if not args.url.startswith(("http://", "https://")):
         raise InputError(f"--url {args.url!r} is not an http(s) URL; give e.g. http://127.0.0.1:8080")
     slos = bench_stats.parse_slos(args.slo) if args.slo is not None else []
-    baseline = None
+    baseline, base_runs = None, None
     if args.compare is not None:
         path = str(args.compare)
-        baseline = bench_stats.read_baseline(load_yaml(read_text(args.compare, "--compare"), f"--compare {path}"),
-                                             path)
+        raw = load_yaml(read_text(args.compare, "--compare"), f"--compare {path}")
+        baseline = bench_stats.read_baseline(raw, path)
+        base_runs = bench_stats.baseline_runs(raw)
     by_upstream, flat = _pricing(args)
     salted = args.fresh_cache if args.fresh_cache is not None else not profile.cross_run_prefixes
     wl = bench_workload.plan(profile, seed=args.seed, route=args.route, duration_s=duration, warmup_s=warmup,
@@ -165,7 +172,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
     return {"duration": duration, "warmup": warmup, "drain": bench_workload.parse_duration(args.drain_timeout,
                                                                                         "--drain-timeout"),
             "timeout": bench_workload.parse_duration(args.request_timeout, "--request-timeout"),
-            "slos": slos, "baseline": baseline, "prices": by_upstream, "flat_price": flat, "workload": wl,
+            "slos": slos, "baseline": baseline, "base_runs": base_runs, "prices": by_upstream, "flat_price": flat, "workload": wl,
             "profile": profile, "salted": salted}
 
 
@@ -270,8 +277,10 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
                      if doc.get("fresh_cache") else ", prompts not salted (may hit prefixes an earlier run cached)"))
     win = cur.get("window")
     if win:
+        runs = cur.get("runs") or 1
         console.print(f"window: {win['window_s']:,.1f}s = {win['sending_s']:g}s of sends + {win['drain_s']:,.1f}s "
-                      "until the last measured request ended (any outcome); every rate below divides by it")
+                      "until the last measured request ended (any outcome)"
+                      + (f", summed over {runs} runs" if runs > 1 else "") + "; every rate below divides by it")
     if cur.get("achieved_rate") is not None and "rate" in load:
         lag = cur.get("send_lag_ms") or {}
         console.print(f"achieved {cur['achieved_rate']:.2f} req/s sent ({doc['scheduled_rate']:.2f} scheduled by the "
@@ -288,6 +297,10 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
         table.add_row(*cells)
     console.print(table)
     console.print("formulas: " + "; ".join(f"{k} = {v}" for k, v in FORMULAS.items()))
+    if any("change_low" in d for d in (doc.get("delta") or {}).values()):
+        console.print("95% interval: of the change, bootstrap over requests (percentiles, means, shares) or over "
+                      "1 s windows (rates), widened to the noise floor; noise sd: the figure's standard deviation "
+                      "between the baseline's runs (- when it ran once: save it with --repeat 3 to measure it)")
     if cur.get("errors_by_kind"):
         console.print("errors by kind: " + ", ".join(f"{k} {v}" for k, v in cur["errors_by_kind"].items()))
     if cur.get("usage_estimated"):
@@ -342,6 +355,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
 
 def _run(args: argparse.Namespace, stdout: TextIO) -> int:
     from oculis_measure.bench import stats as bench_stats
+    from oculis_measure.bench.intervals import SOURCES, noise, run_samples
     from oculis_measure.bench.load import LoadPlan, run_load
     from oculis_router.usage import cost_dollars
 
@@ -356,24 +370,28 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
         except PromError as exc:
             raise Unreachable(str(exc)) from None
     wl = inp["workload"]
-    progress = ProgressView(inp["warmup"] + inp["duration"], enabled=not args.no_progress)
     headers = {"authorization": f"Bearer {os.environ[args.api_key_env]}"} if args.api_key_env else {}
-    plan = LoadPlan(url=args.url, route=args.route, warmup_s=inp["warmup"], duration_s=inp["duration"],
-                    drain_s=inp["drain"], timeout_s=inp["timeout"], concurrency=args.concurrency, headers=headers,
-                    salt=f"run{os.urandom(4).hex()}" if inp["salted"] else "")
-    try:
-        load = asyncio.run(run_load(plan, wl, progress.update))
-    finally:
-        progress.close()
-    results = load.results
-    failing = _all_failed(load, args)
-    if failing is not None:
-        print(f"oculis bench run: {failing.line}", file=sys.stderr)
-        return int(failing.exit_code)
+    loads: list[Any] = []
+    for _ in range(args.repeat):  # the same seeded workload each time, each with its own salt
+        progress = ProgressView(inp["warmup"] + inp["duration"], enabled=not args.no_progress)
+        plan = LoadPlan(url=args.url, route=args.route, warmup_s=inp["warmup"], duration_s=inp["duration"],
+                        drain_s=inp["drain"], timeout_s=inp["timeout"], concurrency=args.concurrency,
+                        headers=headers, salt=f"run{os.urandom(4).hex()}" if inp["salted"] else "")
+        try:
+            load = asyncio.run(run_load(plan, wl, progress.update))
+        finally:
+            progress.close()
+        failing = _all_failed(load, args)
+        if failing is not None:
+            print(f"oculis bench run: {failing.line}", file=sys.stderr)
+            return int(failing.exit_code)
+        loads.append(load)
+    results = [r for load in loads for r in load.results]
     measured = [r for r in results if not r.warmup]
-    win = bench_stats.measured_window(results, inp["warmup"], inp["duration"])
-    window = {"wall_measure_start": load.wall_start + inp["warmup"],
-              "wall_end": load.wall_start + inp["warmup"] + win["window_s"], **win}
+    wins = [bench_stats.measured_window(load.results, inp["warmup"], inp["duration"]) for load in loads]
+    win = {k: sum(w[k] for w in wins) for k in ("window_s", "sending_s", "drain_s")}
+    window = {"wall_measure_start": loads[0].wall_start + inp["warmup"],
+              "wall_end": loads[-1].wall_start + inp["warmup"] + wins[-1]["window_s"], **win}
     cost_note = "not priced: give --config (the router's config) or --pricing IN,OUT"
     for r in results:
         u = r.usage
@@ -385,10 +403,14 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
     if inp["prices"] and any(r.ok and r.cost is None for r in measured):
         cost_note = "not priced: some answers came from an upstream without pricing in --config"
     # a generator that lags sends past the planned end: its achieved rate drops
-    send_window = max(inp["duration"], max((r.sent_s for r in results), default=0) - inp["warmup"])
+    send_window = sum(max(inp["duration"], max((r.sent_s for r in load.results), default=0) - inp["warmup"])
+                      for load in loads)
     current = bench_stats.summarize(results, win["window_s"], slos=inp["slos"], requested_rate=args.rate or (
         None if args.concurrency else inp["profile"].rate), send_window_s=send_window)
+    runs = [run_samples(load.results, inp["warmup"], w["window_s"],
+                        lambda r: bench_stats.good(r, inp["slos"])) for load, w in zip(loads, wins, strict=True)]
     current["window"] = win
+    current["runs"] = len(loads)
     warnings = []
     scheduled = None
     if args.concurrency is None and current["achieved_rate"] is not None:
@@ -416,7 +438,8 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
     baseline, base_fp = inp["baseline"] if inp["baseline"] else (None, None)
     if baseline is not None and base_fp is None and args.force_compare:
         base_fp = wl.fingerprint  # the user vouches that the workloads match
-    deltas = bench_stats.delta(baseline, current, tol) if baseline is not None else None
+    deltas = (bench_stats.delta(baseline, current, tol, inp["base_runs"], runs) if baseline is not None
+              else None)
     verdict, reasons = bench_stats.verdict(current, wl.fingerprint, slo_results, baseline, base_fp, deltas, tol)
     simulated = bool(current["simulated"] or (baseline or {}).get("simulated"))
     doc: dict[str, Any] = {
@@ -425,9 +448,12 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
         "workload_hash": wl.fingerprint_hash, "current": current, "baseline": baseline, "delta": deltas,
         "slos": slo_results, "warnings": warnings, "scheduled_rate": scheduled, "fresh_cache": inp["salted"],
         "cost_note": None if current["cost_per_1k_requests"] is not None else cost_note,
+        # each figure's standard deviation between this invocation's runs (None: it ran once)
+        "noise_floor": {k: noise(k, runs) for k in SOURCES},
     }
     if args.save is not None:
-        _write(args.save, json.dumps({**doc, "samples": _samples(results)}, indent=1) + "\n", "--save")
+        _write(args.save, json.dumps({**doc, "samples": _samples(results), "runs": runs}, indent=1) + "\n",
+               "--save")
     if args.report is not None:
         from oculis_measure.bench.report import html
 

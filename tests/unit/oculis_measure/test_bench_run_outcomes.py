@@ -66,9 +66,11 @@ CASES = [
     # QA2 #6a: a p95 over 3 samples is no verdict
     Case("too_few", run((3, "ok")), 8.0, 3 / 8.0, 0.0, "INCONCLUSIVE", None),
     # QA2 #6b: the 18 slowest were cut at the drain; the 30 fast ones alone would pass. The last request was
-    # sent 8 * 47/48 s after the warm-up and ended 3 s later: the window reaches that end.
+    # sent 8 * 47/48 s after the warm-up and ended 3 s later: the window reaches that end. The cut ones were
+    # in flight 3 s, a lower bound of their TTFT: the p95 is at least 3 s and the SLO is certainly missed
+    # (issue 31: figures that are optimistic and still fail are a FAIL); with nothing to judge, too much cut.
     Case("mostly_cut", run((30, "ok"), (18, "cancelled"), took=3.0), DURATION * 47 / 48 + 3.0,
-         30 / (DURATION * 47 / 48 + 3.0), 0.0, "INCONCLUSIVE", "INCONCLUSIVE"),
+         30 / (DURATION * 47 / 48 + 3.0), 0.0, "FAIL", "INCONCLUSIVE"),
 ]
 
 

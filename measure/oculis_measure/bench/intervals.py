@@ -1,0 +1,249 @@
+"""Intervals for `bench run --compare`, pure: per-request samples of a baseline and a current run (one or
+more repeats each) -> for every gated figure the change, its 95 % interval, and whether that interval lies
+past the figure's limit (regressed), inside it (ok), or across it (unsure, with the sample size that would
+settle it).
+
+Where each interval comes from:
+  percentiles and means  scipy.stats.bootstrap over requests (the two runs resampled independently);
+  rates (tok/s, req/s, goodput)  scipy.stats.bootstrap over equal time windows of the measured window;
+  error_rate             scipy.stats.bootstrap over requests (1 failed, 0 not).
+A request cut at the drain timeout enters the latency samples at its time in flight until the cut, a
+lower bound of its real latency (it is at least that slow), and is never good and never throughput: so a
+run cannot look better by failing or stalling more. Figures computed with cut requests are optimistic,
+which makes a regression they show certain (FAIL) but not an absence of one (see stats.verdict).
+
+The noise floor: two runs of the same thing differ by more than requests resampled within one run show
+(the machine's load moves every request of a run together). With --repeat N (N >= 2) the spread of a
+figure between the runs is measured (its standard deviation over runs, the noise floor), and the change's
+interval is at least change +- t(0.975, df) * sd * sqrt(1/n_base + 1/n_current): the wider of the two
+intervals wins.
+
+How much more data would settle a straddling interval: its half-width shrinks about as 1/sqrt(n), so the
+interval clears the limit once n grows by (half-width / distance from the change to the limit)^2."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats as sps
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+SEED = 20261207  # fixed: the same samples always give the same interval
+MAX_FACTOR = 1000.0  # beyond this many times the data, say "not settleable by more data"
+
+# gated figure -> how its samples are read: ("requests", column, percentile or None for the mean),
+# ("windows", what each window counts), ("share", column)
+SOURCES: dict[str, tuple[str, str, float | None]] = {
+    **{f"{m}_ms.p{p}": ("requests", f"{m}_ms", float(p)) for m in ("ttft", "tpot", "e2e") for p in (50, 95, 99)},
+    "throughput_tok_s": ("windows", "output_tokens", None), "requests_per_s": ("windows", "ok", None),
+    "goodput_rps": ("windows", "good", None), "error_rate": ("share", "failed", None),
+    "cost_per_1k_requests": ("requests", "cost", None),
+}
+
+
+# ---- one run's samples -----------------------------------------------------------------------------------
+
+def run_samples(results: Sequence[Any], warmup_s: float, window_s: float, good: Callable[[Any], bool]) -> dict[str, Any]:
+    """The columns a run is judged on, JSON-ready: one entry per measured request (warm-up excluded),
+    `outcome` ok / failed / cut; latencies in ms (a cut request's: its time in flight until the cut, a
+    lower bound); `end_s` from the end of the warm-up; and the measured window."""
+    measured = [r for r in results if not r.warmup]
+    cols: dict[str, list[Any]] = {k: [] for k in ("outcome", "ttft_ms", "tpot_ms", "e2e_ms", "end_s",
+                                                  "output_tokens", "good", "cost")}
+    for r in measured:
+        cut = bool(r.cancelled)
+        in_flight = None if r.ended_s is None else max(r.ended_s - r.sent_s, 0.0)
+        ttft = r.ttft_s if r.ttft_s is not None else (in_flight if cut else None)
+        e2e = r.e2e_s if r.ok else (in_flight if cut else None)
+        tpot = r.tpot_s if r.ok else None
+        cols["outcome"].append("ok" if r.ok else "cut" if cut else "failed")
+        cols["ttft_ms"].append(None if ttft is None else round(ttft * 1000, 3))
+        cols["tpot_ms"].append(None if tpot is None else round(tpot * 1000, 4))
+        cols["e2e_ms"].append(None if e2e is None else round(e2e * 1000, 3))
+        cols["end_s"].append(None if r.ended_s is None else round(r.ended_s - warmup_s, 4))
+        cols["output_tokens"].append(r.output_tokens if r.ok else 0)
+        cols["good"].append(bool(good(r)))
+        cols["cost"].append(r.cost if r.ok else None)
+    return {"window_s": window_s, **cols}
+
+
+def _latency(run: dict[str, Any], column: str) -> np.ndarray:
+    """Latency samples of succeeded and cut requests (cut ones at their lower bound); failed ones have none."""
+    vals = [v for v, o in zip(run[column], run["outcome"], strict=True) if v is not None and o != "failed"]
+    return np.asarray(vals, dtype=float)
+
+
+def n_windows(window_s: float) -> int:
+    """About one window a second, at least 10 (a bootstrap needs some) and at most 60."""
+    return int(min(60, max(10, round(window_s))))
+
+
+def _windows(run: dict[str, Any], what: str) -> np.ndarray:
+    """Per equal time window of the measured window, the rate (per second) of `what` among requests that
+    ended in it: output tokens, succeeded requests or good requests. Their mean is the run's rate."""
+    w = float(run["window_s"])
+    k = n_windows(w)
+    ends = np.asarray([e if e is not None else w for e in run["end_s"]], dtype=float)
+    if what == "output_tokens":
+        weights = np.asarray(run["output_tokens"], dtype=float)
+    elif what == "ok":
+        weights = np.asarray([o == "ok" for o in run["outcome"]], dtype=float)
+    else:
+        weights = np.asarray(run["good"], dtype=float)
+    edges = np.linspace(0.0, w, k + 1)
+    sums, _ = np.histogram(np.clip(ends, 0.0, w), bins=edges, weights=weights)
+    return np.asarray(sums / (w / k), dtype=float)
+
+
+def samples(run: dict[str, Any], key: str) -> np.ndarray | None:
+    """The samples of one figure in one run, or None when the figure has no per-sample form."""
+    source = SOURCES.get(key)
+    if source is None or not run.get("outcome") and source[0] != "windows":
+        return None
+    kind, column, _ = source
+    if kind == "requests":
+        if column == "cost":
+            vals = [c for c, o in zip(run["cost"], run["outcome"], strict=True) if o == "ok"]
+            return None if any(c is None for c in vals) or not vals else np.asarray(vals, dtype=float) * 1000
+        return _latency(run, column)
+    if kind == "windows":
+        return _windows(run, column)
+    return np.asarray([o != "ok" for o in run["outcome"] if o != "cut"], dtype=float)  # share: failed / done
+
+
+def _stat(key: str) -> Callable[..., Any]:
+    q = SOURCES[key][2]
+    if q is not None:
+        return lambda x, axis=-1: np.percentile(x, q, axis=axis)
+    return lambda x, axis=-1: np.mean(x, axis=axis)
+
+
+def point(key: str, x: np.ndarray) -> float | None:
+    return None if x.size == 0 else float(_stat(key)(x))
+
+
+# ---- the comparison --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    key: str
+    baseline: float
+    current: float
+    change: float
+    low: float  # the change's interval
+    high: float
+    limit: float  # the change at which the figure regresses (signed, in the bad direction)
+    status: str  # regressed / ok / improved / unsure
+    noise_sd: float | None  # between-run standard deviation of the figure on the baseline (None: one run)
+    settle: str | None  # for unsure: what would settle it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"change_low": self.low, "change_high": self.high, "limit_change": self.limit,
+                "status": self.status, "noise_sd": self.noise_sd, "settle": self.settle}
+
+
+def _bootstrap_change(key: str, base: np.ndarray, cur: np.ndarray) -> tuple[float, float]:
+    stat = _stat(key)
+    if base.size < 2 or cur.size < 2:
+        return -math.inf, math.inf  # nothing to resample: the change could be anything
+    if np.ptp(base) == 0 and np.ptp(cur) == 0:  # constant samples (no errors in either run): no spread
+        d = float(stat(cur) - stat(base))
+        return d, d
+
+    def diff(b: np.ndarray, c: np.ndarray, axis: int = -1) -> Any:
+        return stat(c, axis=axis) - stat(b, axis=axis)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate resamples of a share are expected, not news
+        res = sps.bootstrap((base, cur), diff, paired=False, vectorized=True, n_resamples=RESAMPLES,
+                            confidence_level=CONFIDENCE, method="percentile", batch=200,
+                            random_state=np.random.default_rng(SEED))
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else (-math.inf, math.inf)
+
+
+def noise(key: str, runs: Sequence[dict[str, Any]]) -> float | None:
+    """The figure's standard deviation between runs (the noise floor), None with fewer than 2 runs."""
+    values = [v for r in runs if (x := samples(r, key)) is not None and (v := point(key, x)) is not None]
+    return float(np.std(values, ddof=1)) if len(values) >= 2 else None
+
+
+def _pool(runs: Sequence[dict[str, Any]], key: str) -> np.ndarray | None:
+    parts = [samples(r, key) for r in runs]
+    if not parts or any(p is None for p in parts):
+        return None
+    return np.concatenate([p for p in parts if p is not None])
+
+
+def judge(key: str, limit: Callable[[float], float], better: str, base_runs: Sequence[dict[str, Any]],
+          cur_runs: Sequence[dict[str, Any]], *, improve: Callable[[float], float] | None = None) -> Judged | None:
+    """One gated figure: pooled point values, the change's interval (bootstrap, widened to the between-run
+    noise floor), and its status against `limit(baseline)` (the signed change at which it regresses)."""
+    b, c = _pool(base_runs, key), _pool(cur_runs, key)
+    if b is None or c is None or b.size == 0 or c.size == 0:
+        return None
+    bv, cv = point(key, b), point(key, c)
+    assert bv is not None and cv is not None
+    change = cv - bv
+    lo, hi = _bootstrap_change(key, b, c)
+    sd_b = noise(key, base_runs)
+    sd_c = noise(key, cur_runs)
+    nb, nc = len(base_runs), len(cur_runs)
+    if sd_b is not None:
+        # pooled between-run spread when the current run was repeated too; else the baseline's alone
+        if sd_c is not None:
+            sd, df = math.sqrt(((nb - 1) * sd_b ** 2 + (nc - 1) * sd_c ** 2) / (nb + nc - 2)), nb + nc - 2
+        else:
+            sd, df = sd_b, nb - 1
+        hw = float(sps.t.ppf(0.5 + CONFIDENCE / 2, df)) * sd * math.sqrt(1 / nb + 1 / nc)
+        lo, hi = min(lo, change - hw), max(hi, change + hw)
+        noise_dominates = hw >= max(change - lo, hi - change) - 1e-12
+    else:
+        noise_dominates = False
+    lim = limit(bv)
+    bad_up = better == "lower"  # the bad direction: up for latency, errors, cost; down for rates
+    past = lo > lim if bad_up else hi < lim
+    inside = hi <= lim if bad_up else lo >= lim
+    gain = improve(bv) if improve is not None else -lim
+    improved = (hi < gain) if bad_up else (lo > gain)
+    status = "regressed" if past else "improved" if improved else "ok" if inside else "unsure"
+    settle = None
+    if status == "unsure":
+        seconds = sum(float(r["window_s"]) for r in cur_runs) / nc
+        settle = _settle(change, lo, hi, lim, noise_dominates, SOURCES[key][0], b.size, c.size, max(nb, nc), seconds)
+    return Judged(key, bv, cv, change, lo, hi, lim, status, sd_b, settle)
+
+
+def settle_factor(change: float, low: float, high: float, limit: float) -> float | None:
+    """How many times the data would make an interval [low, high] around `change` clear `limit`, assuming
+    its half-width shrinks as 1/sqrt(n): (half-width on the limit's side / distance to the limit)^2. None
+    when the change sits on the limit (no amount of data settles it) or the interval is unbounded."""
+    half = (high - change) if limit >= change else (change - low)
+    distance = abs(limit - change)
+    if not math.isfinite(half) or distance <= 0:
+        return None
+    factor = (half / distance) ** 2
+    return factor if factor <= MAX_FACTOR else None
+
+
+def _settle(change: float, low: float, high: float, limit: float, by_repeats: bool, kind: str, n_base: int,
+            n_cur: int, runs: int, seconds: float) -> str:
+    """What would settle a straddling interval, in the unit that narrows it: runs when the between-run
+    spread sets its width, measured seconds for a rate, requests for a percentile, mean or share."""
+    factor = settle_factor(change, low, high, limit)
+    if factor is None:
+        return "the change sits on the limit: no amount of data settles it; decide the limit or accept the risk"
+    if by_repeats:  # the between-run spread sets the width: more runs narrow it, longer runs do not
+        need = max(math.ceil(factor * runs), runs + 1)
+        return f"about {need} runs on each side (--repeat {need}) would settle it"
+    if kind == "windows":
+        return (f"about {math.ceil(factor * seconds):,} measured seconds per run on each side ({factor:.1f}x "
+                f"this run's {seconds:,.0f} s) would settle it")
+    more = math.ceil(factor * max(n_base, n_cur))
+    return f"about {more:,} requests on each side ({factor:.1f}x this run's {n_cur:,}) would settle it"
