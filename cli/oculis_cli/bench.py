@@ -299,7 +299,7 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
     console.print("formulas: " + "; ".join(f"{k} = {v}" for k, v in FORMULAS.items()))
     if any("change_low" in d for d in (doc.get("delta") or {}).values()):
         console.print("95% interval: of the change, bootstrap over requests (percentiles, means, shares) or over "
-                      "1 s windows (rates), widened to the noise floor; noise sd: the figure's standard deviation "
+                      "time slots paired run by run (rates), widened to the noise floor; noise sd: the figure's standard deviation "
                       "between the baseline's runs (- when it ran once: save it with --repeat 3 to measure it)")
     if cur.get("errors_by_kind"):
         console.print("errors by kind: " + ", ".join(f"{k} {v}" for k, v in cur["errors_by_kind"].items()))
@@ -408,7 +408,8 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
     current = bench_stats.summarize(results, win["window_s"], slos=inp["slos"], requested_rate=args.rate or (
         None if args.concurrency else inp["profile"].rate), send_window_s=send_window)
     runs = [run_samples(load.results, inp["warmup"], w["window_s"],
-                        lambda r: bench_stats.good(r, inp["slos"])) for load, w in zip(loads, wins, strict=True)]
+                        lambda r: bench_stats.good(r, inp["slos"]), inp["duration"])
+            for load, w in zip(loads, wins, strict=True)]
     current["window"] = win
     current["runs"] = len(loads)
     warnings = []

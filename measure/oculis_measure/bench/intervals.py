@@ -4,9 +4,11 @@ past the figure's limit (regressed), inside it (ok), or across it (unsure, with 
 settle it).
 
 Where each interval comes from:
-  percentiles and means  scipy.stats.bootstrap over requests (the two runs resampled independently);
-  rates (tok/s, req/s, goodput)  scipy.stats.bootstrap over equal time windows of the measured window;
-  error_rate             scipy.stats.bootstrap over requests (1 failed, 0 not).
+  percentiles and means  scipy.stats.bootstrap over requests, drawn by time slot (a block bootstrap: the
+                         requests of one moment share the machine's state, so slots vary independently);
+  rates (tok/s, req/s, goodput)  scipy.stats.bootstrap over equal time slots of the measured windows,
+                         paired slot by slot (both sides run the same seeded arrivals);
+  error_rate             the same, over requests that ended (1 failed, 0 not).
 A request cut at the drain timeout enters the latency samples at its time in flight until the cut, a
 lower bound of its real latency (it is at least that slow), and is never good and never throughput: so a
 run cannot look better by failing or stalling more. Figures computed with cut requests are optimistic,
@@ -38,21 +40,22 @@ SEED = 20261207  # fixed: the same samples always give the same interval
 MAX_FACTOR = 1000.0  # beyond this many times the data, say "not settleable by more data"
 
 # gated figure -> how its samples are read: ("requests", column, percentile or None for the mean),
-# ("windows", what each window counts), ("share", column)
+# ("windows", what each window counts)
 SOURCES: dict[str, tuple[str, str, float | None]] = {
     **{f"{m}_ms.p{p}": ("requests", f"{m}_ms", float(p)) for m in ("ttft", "tpot", "e2e") for p in (50, 95, 99)},
     "throughput_tok_s": ("windows", "output_tokens", None), "requests_per_s": ("windows", "ok", None),
-    "goodput_rps": ("windows", "good", None), "error_rate": ("share", "failed", None),
+    "goodput_rps": ("windows", "good", None), "error_rate": ("requests", "failed", None),
     "cost_per_1k_requests": ("requests", "cost", None),
 }
 
 
 # ---- one run's samples -----------------------------------------------------------------------------------
 
-def run_samples(results: Sequence[Any], warmup_s: float, window_s: float, good: Callable[[Any], bool]) -> dict[str, Any]:
+def run_samples(results: Sequence[Any], warmup_s: float, window_s: float, good: Callable[[Any], bool],
+                sending_s: float | None = None) -> dict[str, Any]:
     """The columns a run is judged on, JSON-ready: one entry per measured request (warm-up excluded),
     `outcome` ok / failed / cut; latencies in ms (a cut request's: its time in flight until the cut, a
-    lower bound); `end_s` from the end of the warm-up; and the measured window."""
+    lower bound); `end_s` from the end of the warm-up; the measured window and its planned sending part."""
     measured = [r for r in results if not r.warmup]
     cols: dict[str, list[Any]] = {k: [] for k in ("outcome", "ttft_ms", "tpot_ms", "e2e_ms", "end_s",
                                                   "output_tokens", "good", "cost")}
@@ -70,25 +73,38 @@ def run_samples(results: Sequence[Any], warmup_s: float, window_s: float, good: 
         cols["output_tokens"].append(r.output_tokens if r.ok else 0)
         cols["good"].append(bool(good(r)))
         cols["cost"].append(r.cost if r.ok else None)
-    return {"window_s": window_s, **cols}
+    return {"window_s": window_s, "sending_s": window_s if sending_s is None else sending_s, **cols}
 
 
-def _latency(run: dict[str, Any], column: str) -> np.ndarray:
-    """Latency samples of succeeded and cut requests (cut ones at their lower bound); failed ones have none."""
-    vals = [v for v, o in zip(run[column], run["outcome"], strict=True) if v is not None and o != "failed"]
-    return np.asarray(vals, dtype=float)
-
-
-def n_windows(window_s: float) -> int:
-    """About one window a second, at least 10 (a bootstrap needs some) and at most 60."""
-    return int(min(60, max(10, round(window_s))))
-
-
-def _windows(run: dict[str, Any], what: str) -> np.ndarray:
-    """Per equal time window of the measured window, the rate (per second) of `what` among requests that
-    ended in it: output tokens, succeeded requests or good requests. Their mean is the run's rate."""
+def _rows(run: dict[str, Any], key: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values, end times) of one request figure's samples in one run: latencies of succeeded and cut
+    requests (cut ones at their lower bound; failed ones have none), the cost of succeeded ones (None if
+    any is unpriced), or the failure indicator of every request that ended (a share)."""
+    _, column, _ = SOURCES[key]
     w = float(run["window_s"])
-    k = n_windows(w)
+    rows = list(zip(run["outcome"], run["end_s"], run.get(column, run["outcome"]), strict=True))
+    if column == "cost":
+        picked = [(e, c) for o, e, c in rows if o == "ok"]
+        if any(c is None for _, c in picked):
+            return None
+        picked = [(e, c * 1000) for e, c in picked]
+    elif column == "failed":
+        picked = [(e, float(o != "ok")) for o, e, _ in rows if o != "cut"]
+    else:
+        picked = [(e, v) for o, e, v in rows if v is not None and o != "failed"]
+    ends = np.asarray([w if e is None else e for e, _ in picked], dtype=float)
+    return np.asarray([v for _, v in picked], dtype=float), ends
+
+
+def n_windows(seconds: float) -> int:
+    """About one window a second, at least 10 (a bootstrap needs some) and at most 60."""
+    return int(min(60, max(10, round(seconds))))
+
+
+def _grid(run: dict[str, Any], what: str, width: float, slots: int) -> np.ndarray:
+    """How much of `what` (output tokens, succeeded or good requests) ended in each `width` s slot from
+    the end of the warm-up, over `slots` slots (those past the run's window hold 0)."""
+    w = float(run["window_s"])
     ends = np.asarray([e if e is not None else w for e in run["end_s"]], dtype=float)
     if what == "output_tokens":
         weights = np.asarray(run["output_tokens"], dtype=float)
@@ -96,9 +112,53 @@ def _windows(run: dict[str, Any], what: str) -> np.ndarray:
         weights = np.asarray([o == "ok" for o in run["outcome"]], dtype=float)
     else:
         weights = np.asarray(run["good"], dtype=float)
-    edges = np.linspace(0.0, w, k + 1)
-    sums, _ = np.histogram(np.clip(ends, 0.0, w), bins=edges, weights=weights)
-    return np.asarray(sums / (w / k), dtype=float)
+    idx = np.clip((np.clip(ends, 0.0, w) / width).astype(int), 0, slots - 1)
+    return np.bincount(idx, weights=weights, minlength=slots).astype(float)
+
+
+def _slot_width(runs: Sequence[dict[str, Any]]) -> float:
+    sending = min(float(r.get("sending_s") or r["window_s"]) for r in runs)
+    return max(sending, 1e-9) / n_windows(sending)
+
+
+def _windows(run: dict[str, Any], what: str) -> np.ndarray:
+    """Per time slot of the run, the rate (per second) of `what`; their mean is the run's rate."""
+    width = _slot_width([run])
+    slots = max(1, math.ceil(float(run["window_s"]) / width - 1e-9))
+    return _grid(run, what, width, slots) / width * (slots * width / max(float(run["window_s"]), 1e-9))
+
+
+def window_change(key: str, base_runs: Sequence[dict[str, Any]],
+                  cur_runs: Sequence[dict[str, Any]]) -> tuple[float, float, float, float, int, int]:
+    """(baseline rate, current rate, change low, change high, slots, slots) of a rate figure: the amounts
+    per time slot on one grid (the same slots from each run's warm-up end, averaged over a side's runs),
+    the rate their sum over the mean window. Both sides seeded alike run the same arrivals, so the slots
+    are paired (slot i against slot i): the arrival schedule's own randomness, identical in both, cancels
+    and what is left is how the engine answered."""
+    what = SOURCES[key][1]
+    runs = [*base_runs, *cur_runs]
+    width = _slot_width(runs)
+    slots = max(1, max(math.ceil(float(r["window_s"]) / width - 1e-9) for r in runs))
+    # each side's slots averaged over its runs: the same arrivals in every run, so slot i of one side
+    # faces slot i of the other whatever the number of runs; the between-run spread is the noise floor's
+    b = np.mean([_grid(r, what, width, slots) for r in base_runs], axis=0)
+    c = np.mean([_grid(r, what, width, slots) for r in cur_runs], axis=0)
+    wb = float(np.mean([float(r["window_s"]) for r in base_runs]))
+    wc = float(np.mean([float(r["window_s"]) for r in cur_runs]))
+    bv, cv = float(b.sum() / wb), float(c.sum() / wc)
+
+    def diff(x: np.ndarray, y: np.ndarray, axis: int = -1) -> Any:
+        # a resample of n slots stands for the whole grid: scale its sum back to the window
+        return np.sum(y, axis=axis) / wc - np.sum(x, axis=axis) / wb
+
+    if (np.ptp(b) == 0 and np.ptp(c) == 0) or b.size < 2 or c.size < 2:
+        return bv, cv, cv - bv, cv - bv, b.size, c.size
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = sps.bootstrap((b, c), diff, paired=True, vectorized=True, n_resamples=RESAMPLES,
+                            confidence_level=CONFIDENCE, method="percentile", batch=200,
+                            random_state=np.random.default_rng(SEED))
+    return bv, cv, float(res.confidence_interval.low), float(res.confidence_interval.high), b.size, c.size
 
 
 def samples(run: dict[str, Any], key: str) -> np.ndarray | None:
@@ -107,14 +167,10 @@ def samples(run: dict[str, Any], key: str) -> np.ndarray | None:
     if source is None or not run.get("outcome") and source[0] != "windows":
         return None
     kind, column, _ = source
-    if kind == "requests":
-        if column == "cost":
-            vals = [c for c, o in zip(run["cost"], run["outcome"], strict=True) if o == "ok"]
-            return None if any(c is None for c in vals) or not vals else np.asarray(vals, dtype=float) * 1000
-        return _latency(run, column)
     if kind == "windows":
         return _windows(run, column)
-    return np.asarray([o != "ok" for o in run["outcome"] if o != "cut"], dtype=float)  # share: failed / done
+    rows = _rows(run, key)
+    return None if rows is None or (column == "cost" and rows[0].size == 0) else rows[0]
 
 
 def _stat(key: str) -> Callable[..., Any]:
@@ -148,24 +204,68 @@ class Judged:
                 "status": self.status, "noise_sd": self.noise_sd, "settle": self.settle}
 
 
-def _bootstrap_change(key: str, base: np.ndarray, cur: np.ndarray) -> tuple[float, float]:
-    stat = _stat(key)
-    if base.size < 2 or cur.size < 2:
-        return -math.inf, math.inf  # nothing to resample: the change could be anything
-    if np.ptp(base) == 0 and np.ptp(cur) == 0:  # constant samples (no errors in either run): no spread
-        d = float(stat(cur) - stat(base))
-        return d, d
+def _slotted(runs: Sequence[dict[str, Any]], key: str, width: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values, slot of each value) over runs, each run's slots numbered after the previous run's."""
+    values, slots, offset = [], [], 0
+    for r in runs:
+        rows = _rows(r, key)
+        if rows is None:
+            return None
+        n = max(1, math.ceil(float(r["window_s"]) / width - 1e-9))
+        values.append(rows[0])
+        slots.append(offset + np.clip((np.clip(rows[1], 0, None) / width).astype(int), 0, n - 1))
+        offset += n
+    return np.concatenate(values), np.concatenate(slots)
 
-    def diff(b: np.ndarray, c: np.ndarray, axis: int = -1) -> Any:
-        return stat(c, axis=axis) - stat(b, axis=axis)
+
+def _weighted(key: str, values: np.ndarray, slot_of: np.ndarray, slot_ids: np.ndarray) -> Any:
+    """The figure over the requests of resampled slots (each request counted as often as its slot was
+    drawn); `slot_ids` is (..., drawn slots), the result (...)."""
+    q = SOURCES[key][2]
+    ids = np.asarray(slot_ids)
+    top = int(slot_of.max()) + 1
+    counts = (ids[..., :, None] == np.arange(top)).sum(axis=-2)  # (..., slots): how often each was drawn
+    w = counts[..., slot_of].astype(float)  # (..., requests), values sorted ascending by the caller
+    if q is not None:  # the inverted-CDF percentile: the first value whose cumulative weight reaches q
+        cw = np.cumsum(w, axis=-1)
+        idx = (cw >= (q / 100) * cw[..., -1:]).argmax(axis=-1)
+        return values[idx]
+    return (values * w).sum(axis=-1) / np.maximum(w.sum(axis=-1), 1e-300)
+
+
+def _bootstrap_change(key: str, base_runs: Sequence[dict[str, Any]], cur_runs: Sequence[dict[str, Any]],
+                      change: float) -> tuple[float, float]:
+    """The change's interval, resampling time slots of requests (a block bootstrap): requests close in time
+    share the machine's moment (a stall slows a cluster of them together), so slots, not single requests,
+    are what vary independently; resampling single requests would understate the spread."""
+    width = _slot_width([*base_runs, *cur_runs])
+    b, c = _slotted(base_runs, key, width), _slotted(cur_runs, key, width)
+    if b is None or c is None:
+        return -math.inf, math.inf
+    (bv, bslot), (cv, cslot) = b, c
+    bo, co = np.argsort(bv, kind="stable"), np.argsort(cv, kind="stable")  # sorted once, not per resample
+    bv, bslot, cv, cslot = bv[bo], bslot[bo], cv[co], cslot[co]
+    bids, cids = np.unique(bslot), np.unique(cslot)
+    if bv.size and cv.size and np.ptp(bv) == 0 and np.ptp(cv) == 0:
+        return change, change  # constant samples (no errors in either run): no spread
+    if bids.size < 2 or cids.size < 2:
+        return -math.inf, math.inf  # nothing to resample: the change could be anything
+
+    def diff(x: np.ndarray, y: np.ndarray, axis: int = -1) -> Any:
+        return _weighted(key, cv, cslot, np.moveaxis(y, axis, -1)) - _weighted(key, bv, bslot,
+                                                                                np.moveaxis(x, axis, -1))
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # degenerate resamples of a share are expected, not news
-        res = sps.bootstrap((base, cur), diff, paired=False, vectorized=True, n_resamples=RESAMPLES,
-                            confidence_level=CONFIDENCE, method="percentile", batch=200,
+        res = sps.bootstrap((bids, cids), diff, paired=False, vectorized=True, n_resamples=RESAMPLES,
+                            confidence_level=CONFIDENCE, method="percentile", batch=100,
                             random_state=np.random.default_rng(SEED))
     lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else (-math.inf, math.inf)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return -math.inf, math.inf
+    # the resampled figure is an inverted-CDF percentile, the table's numpy's linear one: the interval
+    # always holds the change the table prints
+    return min(lo, change), max(hi, change)
 
 
 def noise(key: str, runs: Sequence[dict[str, Any]]) -> float | None:
@@ -185,13 +285,19 @@ def judge(key: str, limit: Callable[[float], float], better: str, base_runs: Seq
           cur_runs: Sequence[dict[str, Any]], *, improve: Callable[[float], float] | None = None) -> Judged | None:
     """One gated figure: pooled point values, the change's interval (bootstrap, widened to the between-run
     noise floor), and its status against `limit(baseline)` (the signed change at which it regresses)."""
-    b, c = _pool(base_runs, key), _pool(cur_runs, key)
-    if b is None or c is None or b.size == 0 or c.size == 0:
-        return None
-    bv, cv = point(key, b), point(key, c)
-    assert bv is not None and cv is not None
+    if SOURCES[key][0] == "windows":
+        if not base_runs or not cur_runs:
+            return None
+        bv, cv, lo, hi, size_b, size_c = window_change(key, base_runs, cur_runs)
+    else:
+        b, c = _pool(base_runs, key), _pool(cur_runs, key)
+        if b is None or c is None or b.size == 0 or c.size == 0:
+            return None
+        pb, pc = point(key, b), point(key, c)
+        assert pb is not None and pc is not None
+        bv, cv, size_b, size_c = pb, pc, b.size, c.size
+        lo, hi = _bootstrap_change(key, base_runs, cur_runs, pc - pb)
     change = cv - bv
-    lo, hi = _bootstrap_change(key, b, c)
     sd_b = noise(key, base_runs)
     sd_c = noise(key, cur_runs)
     nb, nc = len(base_runs), len(cur_runs)
@@ -216,7 +322,7 @@ def judge(key: str, limit: Callable[[float], float], better: str, base_runs: Seq
     settle = None
     if status == "unsure":
         seconds = sum(float(r["window_s"]) for r in cur_runs) / nc
-        settle = _settle(change, lo, hi, lim, noise_dominates, SOURCES[key][0], b.size, c.size, max(nb, nc), seconds)
+        settle = _settle(change, lo, hi, lim, noise_dominates, SOURCES[key][0], size_b, size_c, max(nb, nc), seconds)
     return Judged(key, bv, cv, change, lo, hi, lim, status, sd_b, settle)
 
 
