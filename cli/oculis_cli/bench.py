@@ -172,7 +172,8 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
     return {"duration": duration, "warmup": warmup, "drain": bench_workload.parse_duration(args.drain_timeout,
                                                                                         "--drain-timeout"),
             "timeout": bench_workload.parse_duration(args.request_timeout, "--request-timeout"),
-            "slos": slos, "baseline": baseline, "base_runs": base_runs, "prices": by_upstream, "flat_price": flat, "workload": wl,
+            "slos": slos, "baseline": baseline, "base_runs": base_runs, "prices": by_upstream, "flat_price": flat,
+            "workload": wl,
             "profile": profile, "salted": salted}
 
 
@@ -298,9 +299,10 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
     console.print(table)
     console.print("formulas: " + "; ".join(f"{k} = {v}" for k, v in FORMULAS.items()))
     if any("change_low" in d for d in (doc.get("delta") or {}).values()):
-        console.print("95% interval: of the change, bootstrap over requests (percentiles, means, shares) or over "
-                      "time slots paired run by run (rates), widened to the noise floor; noise sd: the figure's standard deviation "
-                      "between the baseline's runs (- when it ran once: save it with --repeat 3 to measure it)")
+        console.print("95% interval: of the change, bootstrap over requests drawn by time slot (percentiles, means, "
+                      "shares) or over time slots paired run by run (rates), widened to the noise floor; noise sd: "
+                      "the figure's standard deviation between the baseline's runs (- when it ran once: save it "
+                      "with --repeat 3 to measure it)")
     if cur.get("errors_by_kind"):
         console.print("errors by kind: " + ", ".join(f"{k} {v}" for k, v in cur["errors_by_kind"].items()))
     if cur.get("usage_estimated"):
@@ -441,6 +443,13 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
         base_fp = wl.fingerprint  # the user vouches that the workloads match
     deltas = (bench_stats.delta(baseline, current, tol, inp["base_runs"], runs) if baseline is not None
               else None)
+    if baseline is not None and not inp["base_runs"]:
+        warnings.append("the baseline has no per-request samples (a vLLM file, or saved before Oculis kept them): "
+                        "judged on point values, without intervals; save a baseline with `oculis bench run --save`")
+    elif baseline is not None and len(inp["base_runs"]) == 1:
+        warnings.append("the baseline ran once, so its noise floor (how far a figure moves between two runs of "
+                        "the same thing on this machine) is unmeasured and the intervals cover only the spread "
+                        "within each run; save the baseline with --repeat 3 or more to measure it")
     verdict, reasons = bench_stats.verdict(current, wl.fingerprint, slo_results, baseline, base_fp, deltas, tol)
     simulated = bool(current["simulated"] or (baseline or {}).get("simulated"))
     doc: dict[str, Any] = {

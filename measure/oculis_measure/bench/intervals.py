@@ -164,7 +164,7 @@ def window_change(key: str, base_runs: Sequence[dict[str, Any]],
 def samples(run: dict[str, Any], key: str) -> np.ndarray | None:
     """The samples of one figure in one run, or None when the figure has no per-sample form."""
     source = SOURCES.get(key)
-    if source is None or not run.get("outcome") and source[0] != "windows":
+    if source is None or (not run.get("outcome") and source[0] != "windows"):
         return None
     kind, column, _ = source
     if kind == "windows":
@@ -344,7 +344,8 @@ def _settle(change: float, low: float, high: float, limit: float, by_repeats: bo
     spread sets its width, measured seconds for a rate, requests for a percentile, mean or share."""
     factor = settle_factor(change, low, high, limit)
     if factor is None:
-        return "the change sits on the limit: no amount of data settles it; decide the limit or accept the risk"
+        return (f"the change is too close to the limit for more data to settle it (over {MAX_FACTOR:,.0f}x); "
+                "decide on the limit, or take the point change as it is")
     if by_repeats:  # the between-run spread sets the width: more runs narrow it, longer runs do not
         need = max(math.ceil(factor * runs), runs + 1)
         return f"about {need} runs on each side (--repeat {need}) would settle it"
