@@ -359,6 +359,7 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
     from oculis_measure.bench import stats as bench_stats
     from oculis_measure.bench.intervals import SOURCES, noise, run_samples
     from oculis_measure.bench.load import LoadPlan, run_load
+    from oculis_measure.figures import with_reasons
     from oculis_router.usage import cost_dollars
 
     inp = _inputs(args)
@@ -461,6 +462,7 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
         # each figure's standard deviation between this invocation's runs (None: it ran once)
         "noise_floor": {k: noise(k, runs) for k in SOURCES},
     }
+    doc = with_reasons(doc)  # a figure that cannot exist is null, its reason under "absent" (figures.py)
     if args.save is not None:
         _write(args.save, json.dumps({**doc, "samples": _samples(results), "runs": runs}, indent=1) + "\n",
                "--save")

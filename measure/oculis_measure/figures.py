@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 DASH = "-"
 
@@ -34,7 +34,7 @@ def absent(reason: str) -> Absent:
     return Absent(reason)
 
 
-def known(v: Any) -> bool:
+def known(v: Any) -> TypeGuard[float]:
     """A figure that exists: a finite number (not Absent, not None, not NaN or infinite)."""
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -94,6 +94,15 @@ def text(v: Any, spec: str = ".1f", width: int = 0, unit: str = "") -> str:
     return s.rjust(width) if width else s
 
 
+def cell(v: Any) -> str:
+    """A table cell: text as it is, a number as str(), `-` for an absent, missing or non-finite figure."""
+    if isinstance(v, str):
+        return v
+    if v is None or isinstance(v, Absent) or (isinstance(v, float) and not math.isfinite(v)):
+        return DASH
+    return str(v)
+
+
 def json_ready(doc: Any, path: str = "", reasons: dict[str, str] | None = None) -> Any:
     """`doc` for JSON: Absent and non-finite floats become None. With `reasons` given, each absent figure's
     reason is recorded under its dotted path there."""
@@ -115,7 +124,7 @@ def json_ready(doc: Any, path: str = "", reasons: dict[str, str] | None = None) 
 def with_reasons(doc: dict[str, Any]) -> dict[str, Any]:
     """`doc` ready for JSON with an `"absent"` map (dotted path -> reason) when any figure is absent."""
     reasons: dict[str, str] = {}
-    out = json_ready(doc, "", reasons)
+    out: dict[str, Any] = json_ready(doc, "", reasons)
     if reasons:
         out["absent"] = reasons
     return out

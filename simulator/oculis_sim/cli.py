@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from oculis.adapters import VLLM_LORA_RANKS
 from oculis_cli.inputs import InputError, port_number
-from oculis_measure.figures import known, pick, text, with_reasons
 from oculis_cli.serve import bind_problem
+from oculis_measure.figures import known, pick, text, with_reasons
 from oculis_sim import config, versions, vllm_flags
 
 if TYPE_CHECKING:
@@ -211,7 +211,8 @@ def _text(res: object, s: config.Settings, sent: int | None = None) -> str:
     for key, label in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
         v = sm[key]
         lines.append(f"  {label:10}" + "".join(text(pick(v, k), ".1f", 10) for k in ("mean", "p50", "p90", "p99")))
-    lines.append(f"  output tokens/s {text(sm['output_tokens_per_s'])}, requests/s {text(sm['requests_per_s'], '.3f')}, "
+    lines.append(f"  output tokens/s {text(sm['output_tokens_per_s'])}, "
+                 f"requests/s {text(sm['requests_per_s'], '.3f')}, "
                  f"requests {sm['requests']}" + (f" ({res.refused} refused: longer than max_model_len)"
                                                  if res.refused else ""))
     lines.append(f"  preemptions {sm['preemptions']}, KV blocks {sm['kv_blocks']} ({s.kv_cache_tokens} tokens), "

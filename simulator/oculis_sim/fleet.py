@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from oculis_measure.figures import Absent, absent, rate, ratio, share
 from oculis_router.picking import BlockRemoved, BlockStored, EventBatch, Picker, PickRequest, ReplicaState, Strategy
 from oculis_sim import decoderun
 from oculis_sim.config import Settings
 from oculis_sim.engine import EngineCore, StepResult
 from oculis_sim.fleetlora import Slots
-from oculis_measure.figures import Absent, absent, ratio, rate, share
 from oculis_sim.replay import NO_REQUESTS, stats_ms
 from oculis_sim.scheduler import Request
 from oculis_sim.tokenrecorder import Rec, TokenRecorder

@@ -23,7 +23,6 @@ from oculis_sim.scheduler import Request
 from oculis_sim.tokenrecorder import Rec, TokenRecorder
 from oculis_sim.workload import Workload
 
-
 NO_REQUESTS = "no request completed"
 
 

@@ -27,8 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from oculis_measure.figures import Absent, dist, share
+from oculis_measure.figures import text as figure_text
 from oculis_measure.inputs import InputError
 
 PERCENTILES = (50, 90, 95, 99)
@@ -156,12 +156,9 @@ def _good(r: RequestResult, slos: list[Slo]) -> bool:
 
 # ---- metrics ---------------------------------------------------------------------------------------------
 
-def _dist(values_s: list[float]) -> dict[str, float | None]:
-    if not values_s:
-        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
-    arr = np.asarray(values_s) * 1000.0
-    qs = np.percentile(arr, PERCENTILES)
-    return {"mean": float(arr.mean()), **{f"p{p}": float(q) for p, q in zip(PERCENTILES, qs, strict=True)}}
+def _dist(values_s: list[float], reason: str = "no measured request succeeded") -> dict[str, float] | Absent:
+    """mean and percentiles in ms; Absent(reason) for no samples (figures.py: never a number)."""
+    return dist(values_s, reason, PERCENTILES, scale=1000.0, digits=None)
 
 
 def _in_flight(r: RequestResult) -> float | None:
@@ -218,19 +215,20 @@ def summarize(results: list[RequestResult], window_s: float, *, slos: list[Slo] 
         "requests_per_s": len(ok) / window,
         "requested_rate": requested_rate,
         "achieved_rate": sent_rate,
-        "send_lag_ms": _dist(lags) if lags else None,
+        "send_lag_ms": _dist(lags) if lags else None,  # None: closed loop, nothing scheduled
         "ttft_ms": _dist([v for r in measured if (v := _ttft_bound(r)) is not None]),
-        "tpot_ms": _dist([t for r in ok if (t := r.tpot_s) is not None]),
-        "itl_ms": _dist([g for r in ok for g in r.itl_s]),
+        "tpot_ms": _dist([t for r in ok if (t := r.tpot_s) is not None],
+                         "no succeeded request had more than one output token"),
+        "itl_ms": _dist([g for r in ok for g in r.itl_s], "no succeeded request had more than one content chunk"),
         "e2e_ms": _dist([v for r in measured if (v := _e2e_bound(r)) is not None]),
         "input_tokens": sum(r.prompt_tokens for r in ok),
         "output_tokens": sum(r.output_tokens for r in ok),
         "cached_prompt_tokens": sum(r.cached_tokens for r in ok),
         "errors": len(failed),
         "errors_by_kind": dict(sorted(by_kind.items())),
-        "error_rate": len(failed) / len(done) if done else 0.0,
+        "error_rate": share(len(failed), len(done), "no measured request ended (all cut at the drain)"),
         "goodput_rps": good / window,
-        "goodput_share": good / len(measured) if measured else None,
+        "goodput_share": share(good, len(measured), "no request was measured"),
         "goodput_basis": "request-level latency SLOs (" + (", ".join(s.text for s in slos if s.per_request())
                                                             or "none given: every success is good") + ")",
         "cost_per_1k_requests": (sum(costs) / len(costs) * 1000) if costs and len(costs) == len(ok) else None,
@@ -476,9 +474,10 @@ def comparison_rows(doc: dict[str, Any]) -> list[tuple[str, Any, Any, Any, Any, 
 
 
 def fmt(v: Any, nd: int = 1) -> str:
-    if v is None:
-        return "-"
-    return f"{v:,.{nd}f}" if isinstance(v, float) else str(v)
+    """A figure of the table: `-` when absent (figures.text), whole numbers as they are."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    return figure_text(v, f",.{nd}f")
 
 
 def table_cells(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

@@ -18,6 +18,7 @@ from oculis_measure.bench.stats import (
     summarize,
     verdict,
 )
+from oculis_measure.figures import Absent
 from oculis_measure.inputs import InputError
 
 # ---- SLOs ------------------------------------------------------------------------------------------------
@@ -75,7 +76,7 @@ def test_warmup_is_excluded_and_a_one_token_answer_has_no_tpot() -> None:
     rs = [ok(0, 0.1, 0.1, 1), ok(1, 5.0, 9.0, 10, warmup=True)]
     m = summarize(rs, 1.0)
     assert m["requests"] == {"measured": 1, "succeeded": 1, "failed": 0, "cancelled": 0, "warmup_excluded": 1}
-    assert m["tpot_ms"]["p50"] is None and m["ttft_ms"]["p50"] == pytest.approx(100)
+    assert isinstance(m["tpot_ms"], Absent) and m["ttft_ms"]["p50"] == pytest.approx(100)
 
 
 def test_goodput_counts_errors_and_requests_cut_at_the_drain_as_missed() -> None:
