@@ -356,8 +356,9 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, stdout: TextIO) -> int:
+    from oculis_measure import figures
     from oculis_measure.bench import stats as bench_stats
-    from oculis_measure.bench.intervals import SOURCES, noise, run_samples
+    from oculis_measure.bench.intervals import HOPS, SOURCES, machine_slack_ms, noise, run_samples
     from oculis_measure.bench.load import LoadPlan, run_load
     from oculis_measure.figures import with_reasons
     from oculis_router.usage import cost_dollars
@@ -410,9 +411,12 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
                       for load in loads)
     current = bench_stats.summarize(results, win["window_s"], slos=inp["slos"], requested_rate=args.rate or (
         None if args.concurrency else inp["profile"].rate), send_window_s=send_window)
-    runs = [run_samples(load.results, inp["warmup"], w["window_s"],
-                        lambda r: bench_stats.good(r, inp["slos"]), inp["duration"])
+    runs = [{**run_samples(load.results, inp["warmup"], w["window_s"],
+                           lambda r: bench_stats.good(r, inp["slos"]), inp["duration"]),
+             "loop_lag_ms": [round(v * 1000, 2) for v in load.loop_lag_s]}
             for load, w in zip(loads, wins, strict=True)]
+    lags = [v for r in runs for v in r["loop_lag_ms"]]
+    current["client_loop_lag_ms"] = figures.dist(lags, "the run measured for less than 0.25 s", (50, 99))
     current["window"] = win
     current["runs"] = len(loads)
     warnings = []
@@ -444,6 +448,14 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
         base_fp = wl.fingerprint  # the user vouches that the workloads match
     deltas = (bench_stats.delta(baseline, current, tol, inp["base_runs"], runs) if baseline is not None
               else None)
+    slack = machine_slack_ms(inp["base_runs"], runs) if inp["base_runs"] else 0.0
+    if slack:
+        blag = figures.dist([v for r in inp["base_runs"] for v in r.get("loop_lag_ms") or []], "none", (99,))
+        warnings.append(f"the machine was busier than during the baseline: this client's 0.25 s ticker woke "
+                        f"{figures.text(figures.pick(current['client_loop_lag_ms'], 'p99'))} ms late (p99) against "
+                        f"{figures.text(figures.pick(blag, 'p99'))} ms then, so "
+                        f"latency rises up to {slack:,.0f} ms (x{HOPS} hops) may be the machine's; the latency "
+                        "intervals reach down that far")
     if baseline is not None and not inp["base_runs"]:
         warnings.append("the baseline has no per-request samples (a vLLM file, or saved before Oculis kept them): "
                         "judged on point values, without intervals; save a baseline with `oculis bench run --save`")

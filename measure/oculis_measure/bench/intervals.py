@@ -14,6 +14,10 @@ lower bound of its real latency (it is at least that slow), and is never good an
 run cannot look better by failing or stalling more. Figures computed with cut requests are optimistic,
 which makes a regression they show certain (FAIL) but not an absence of one (see stats.verdict).
 
+A percentile is judged only with MIN_TAIL samples beyond it on each side (a p95 needs 100 requests, a p99
+500): a bootstrap cannot draw values past a sample's largest, so the interval of a p95 of 40 requests is
+too narrow to mean anything; such a figure is unsure whatever its interval, and says how many it needs.
+
 The noise floor: two runs of the same thing differ by more than requests resampled within one run show
 (the machine's load moves every request of a run together). With --repeat N (N >= 2) the spread of a
 figure between the runs is measured (its standard deviation over runs, the noise floor), and the change's
@@ -38,6 +42,31 @@ CONFIDENCE = 0.95
 RESAMPLES = 2000
 SEED = 20261207  # fixed: the same samples always give the same interval
 MAX_FACTOR = 1000.0  # beyond this many times the data, say "not settleable by more data"
+# A bootstrap cannot draw beyond a sample's largest values: a pNN interval means something only with a few
+# samples beyond the percentile (p95 of 40 requests is the 2nd largest; its resamples hide the tail).
+MIN_TAIL = 5
+
+
+# The machine's own slowdown: when the client's ticker woke later during the current run than during the
+# baseline's (CPU contention: other processes on the machine), every request waited for the CPU at each of
+# its hops (client, router, engine steps) too. A latency rise up to HOPS x the rise in the ticker's p99
+# lateness may be the machine's, not the engine's: the latency intervals reach down that far.
+HOPS = 4
+
+
+def machine_slack_ms(base_runs: Sequence[dict[str, Any]], cur_runs: Sequence[dict[str, Any]]) -> float:
+    """HOPS x how much later (p99) the client's ticker woke in the current runs than in the baseline's; 0
+    when either side has no ticker samples or the current machine was no busier."""
+    b = [v for r in base_runs for v in r.get("loop_lag_ms") or []]
+    c = [v for r in cur_runs for v in r.get("loop_lag_ms") or []]
+    if not b or not c:
+        return 0.0
+    return HOPS * max(0.0, float(np.percentile(c, 99)) - float(np.percentile(b, 99)))
+
+
+def min_samples(q: float) -> int:
+    """The fewest samples a side needs for a pq interval: MIN_TAIL of them beyond the percentile."""
+    return math.ceil(MIN_TAIL / max(1 - q / 100, 1e-9) - 1e-9)
 
 # gated figure -> how its samples are read: ("requests", column, percentile or None for the mean),
 # ("windows", what each window counts)
@@ -282,7 +311,8 @@ def _pool(runs: Sequence[dict[str, Any]], key: str) -> np.ndarray | None:
 
 
 def judge(key: str, limit: Callable[[float], float], better: str, base_runs: Sequence[dict[str, Any]],
-          cur_runs: Sequence[dict[str, Any]], *, improve: Callable[[float], float] | None = None) -> Judged | None:
+          cur_runs: Sequence[dict[str, Any]], *, improve: Callable[[float], float] | None = None,
+          slack_ms: float = 0.0) -> Judged | None:
     """One gated figure: pooled point values, the change's interval (bootstrap, widened to the between-run
     noise floor), and its status against `limit(baseline)` (the signed change at which it regresses)."""
     if SOURCES[key][0] == "windows":
@@ -298,6 +328,8 @@ def judge(key: str, limit: Callable[[float], float], better: str, base_runs: Seq
         bv, cv, size_b, size_c = pb, pc, b.size, c.size
         lo, hi = _bootstrap_change(key, base_runs, cur_runs, pc - pb)
     change = cv - bv
+    if slack_ms and SOURCES[key][1].endswith("_ms"):  # a busier machine may explain this much of a rise
+        lo -= slack_ms
     sd_b = noise(key, base_runs)
     sd_c = noise(key, cur_runs)
     nb, nc = len(base_runs), len(cur_runs)
@@ -320,6 +352,14 @@ def judge(key: str, limit: Callable[[float], float], better: str, base_runs: Seq
     improved = (hi < gain) if bad_up else (lo > gain)
     status = "regressed" if past else "improved" if improved else "ok" if inside else "unsure"
     settle = None
+    q = SOURCES[key][2]
+    if q is not None and min(size_b, size_c) < min_samples(q):  # the interval itself is not to be trusted
+        need = min_samples(q)
+        short = "baseline" if size_b < size_c else "current run"
+        return Judged(key, bv, cv, change, lo, hi, lim, "unsure", sd_b,
+                      f"a p{q:g} needs at least {need:,} samples a side ({MIN_TAIL} beyond it) before its interval "
+                      f"means anything: about {need - min(size_b, size_c):,} more requests in the {short} would "
+                      f"settle that (this comparison has {size_b:,} and {size_c:,})")
     if status == "unsure":
         seconds = sum(float(r["window_s"]) for r in cur_runs) / nc
         settle = _settle(change, lo, hi, lim, noise_dominates, SOURCES[key][0], size_b, size_c, max(nb, nc), seconds)
@@ -344,8 +384,8 @@ def _settle(change: float, low: float, high: float, limit: float, by_repeats: bo
     spread sets its width, measured seconds for a rate, requests for a percentile, mean or share."""
     factor = settle_factor(change, low, high, limit)
     if factor is None:
-        return (f"the change is too close to the limit for more data to settle it (over {MAX_FACTOR:,.0f}x); "
-                "decide on the limit, or take the point change as it is")
+        return (f"the change is too close to the limit: no feasible amount of data would settle it (over "
+                f"{MAX_FACTOR:,.0f}x this run's); decide on the limit, or take the point change as it is")
     if by_repeats:  # the between-run spread sets the width: more runs narrow it, longer runs do not
         need = max(math.ceil(factor * runs), runs + 1)
         return f"about {need} runs on each side (--repeat {need}) would settle it"

@@ -314,13 +314,18 @@ def delta(baseline: dict[str, Any], current: dict[str, Any], tol: Tolerances,
     samples (`runs` of a --save file) each figure carries its change's interval and the status reads
     it (intervals.judge); without them (a vLLM file) the point values are compared."""
     out: dict[str, dict[str, Any]] = {}
+    slack = 0.0
+    if base_runs and cur_runs:
+        from oculis_measure.bench.intervals import machine_slack_ms
+
+        slack = machine_slack_ms(base_runs, cur_runs)
     for g in GATES:
         judged = None
         if base_runs and cur_runs and g.kind != "info":
             from oculis_measure.bench.intervals import judge
 
             judged = judge(g.key, lambda b, g=g: limit_change(g, b, tol), g.better,  # type: ignore[misc]
-                           base_runs, cur_runs)
+                           base_runs, cur_runs, slack_ms=slack)
         b, c = get(baseline, g.key), get(current, g.key)
         if judged is not None:
             b, c = judged.baseline, judged.current
