@@ -52,6 +52,7 @@ MIN_TAIL = 5
 # its hops (client, router, engine steps) too. A latency rise up to HOPS x the rise in the ticker's p99
 # lateness may be the machine's, not the engine's: the latency intervals reach down that far.
 HOPS = 4
+LAG_NOISE_MS = 5.0
 
 
 def machine_slack_ms(base_runs: Sequence[dict[str, Any]], cur_runs: Sequence[dict[str, Any]]) -> float:
@@ -61,7 +62,9 @@ def machine_slack_ms(base_runs: Sequence[dict[str, Any]], cur_runs: Sequence[dic
     c = [v for r in cur_runs for v in r.get("loop_lag_ms") or []]
     if not b or not c:
         return 0.0
-    return HOPS * max(0.0, float(np.percentile(c, 99)) - float(np.percentile(b, 99)))
+    pb, pc = float(np.percentile(b, 99)), float(np.percentile(c, 99))
+    # the ticker's own jitter is not a busier machine: half as late again and 5 ms more, at least
+    return HOPS * (pc - pb) if pc - pb > max(LAG_NOISE_MS, 0.5 * pb) else 0.0
 
 
 def min_samples(q: float) -> int:
@@ -357,7 +360,8 @@ def judge(key: str, limit: Callable[[float], float], better: str, base_runs: Seq
         need = min_samples(q)
         short = "baseline" if size_b < size_c else "current run"
         return Judged(key, bv, cv, change, lo, hi, lim, "unsure", sd_b,
-                      f"a p{q:g} needs at least {need:,} samples a side ({MIN_TAIL} beyond it) before its interval "
+                      f"not judged yet: a p{q:g} needs at least {need:,} samples a side ({MIN_TAIL} beyond it) before "
+                      "its interval "
                       f"means anything: about {need - min(size_b, size_c):,} more requests in the {short} would "
                       f"settle that (this comparison has {size_b:,} and {size_c:,})")
     if status == "unsure":
@@ -382,6 +386,11 @@ def _settle(change: float, low: float, high: float, limit: float, by_repeats: bo
             n_cur: int, runs: int, seconds: float) -> str:
     """What would settle a straddling interval, in the unit that narrows it: runs when the between-run
     spread sets its width, measured seconds for a rate, requests for a percentile, mean or share."""
+    return "it straddles the limit; " + _more(change, low, high, limit, by_repeats, kind, n_base, n_cur, runs, seconds)
+
+
+def _more(change: float, low: float, high: float, limit: float, by_repeats: bool, kind: str, n_base: int,
+          n_cur: int, runs: int, seconds: float) -> str:
     factor = settle_factor(change, low, high, limit)
     if factor is None:
         return (f"the change is too close to the limit: no feasible amount of data would settle it (over "

@@ -434,7 +434,7 @@ def verdict(current: dict[str, Any], fingerprint: dict[str, Any], slo_results: l
                     else f"limit {d['limit']}"))
             elif d["status"] == "unsure":
                 soft.append(f"{key} {num(d['baseline'])} -> {num(d['current'])}{pct}: change interval "
-                            f"{_interval(d)} straddles the limit {d['limit']}; {d['settle']}")
+                            f"{_interval(d)} against the limit {d['limit']}: {d['settle']}")
     if succeeded == 0 and judging:  # nothing succeeded: the one line naming why comes first, SLOs or not
         return "INCONCLUSIVE", blocking + soft + reasons
     if failed:
