@@ -330,9 +330,13 @@ def render_csv(doc: dict[str, Any], out: TextIO) -> None:
     from oculis_measure.bench.stats import comparison_rows
 
     w = csv.writer(out)
-    w.writerow(["metric", "baseline", "current", "change", "change_pct", "status", "verdict", "simulated"])
+    w.writerow(["metric", "baseline", "current", "change", "change_pct", "status", "verdict", "simulated",
+                "change_low", "change_high", "noise_sd"])
+    deltas = doc.get("delta") or {}
     for row in comparison_rows(doc):
-        w.writerow([*("" if v is None else v for v in row), doc["verdict"] or "", str(doc["simulated"]).lower()])
+        d = deltas.get(row[0], {})
+        w.writerow([*("" if v is None else v for v in row), doc["verdict"] or "", str(doc["simulated"]).lower(),
+                    *("" if d.get(k) is None else d[k] for k in ("change_low", "change_high", "noise_sd"))])
 
 
 # ---- the command ---------------------------------------------------------------------------------------
@@ -355,11 +359,59 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         return USAGE
 
 
+def _baseline_warnings(baseline: dict[str, Any] | None, base_runs: list[dict[str, Any]] | None,
+                       runs: list[dict[str, Any]], current: dict[str, Any]) -> list[str]:
+    """What the comparison's intervals cannot cover: a busier machine than the baseline's (and how far the
+    latency intervals were widened for it), a baseline without samples or that ran once."""
+    from oculis_measure import figures
+    from oculis_measure.bench.intervals import HOPS, machine_slack_ms
+
+    out = []
+    slack = machine_slack_ms(base_runs, runs) if base_runs else 0.0
+    if slack and base_runs:
+        blag = figures.dist([v for r in base_runs for v in r.get("loop_lag_ms") or []], "none", (99,))
+        out.append(f"the machine was busier than during the baseline: this client's 0.25 s ticker woke "
+                   f"{figures.text(figures.pick(current['client_loop_lag_ms'], 'p99'))} ms late (p99) against "
+                   f"{figures.text(figures.pick(blag, 'p99'))} ms then, so latency rises up to {slack:,.0f} ms "
+                   f"(x{HOPS} hops) may be the machine's; the latency intervals reach down that far")
+    if baseline is not None and not base_runs:
+        out.append("the baseline has no per-request samples (a vLLM file, or saved before Oculis kept them): "
+                   "judged on point values, without intervals; save a baseline with `oculis bench run --save`")
+    elif baseline is not None and base_runs and len(base_runs) == 1:
+        out.append("the baseline ran once, so its noise floor (how far a figure moves between two runs of the same "
+                   "thing on this machine) is unmeasured and the intervals cover only the spread within each run; "
+                   "save the baseline with --repeat 3 or more to measure it")
+    return out
+
+
+def _loads(args: argparse.Namespace, inp: dict[str, Any]) -> list[Any] | int:
+    """--repeat runs of the same seeded workload, each with its own salt; the exit code instead when a run's
+    requests all failed alike (one line names the cause)."""
+    from oculis_measure.bench.load import LoadPlan, run_load
+
+    headers = {"authorization": f"Bearer {os.environ[args.api_key_env]}"} if args.api_key_env else {}
+    loads: list[Any] = []
+    for _ in range(args.repeat):
+        progress = ProgressView(inp["warmup"] + inp["duration"], enabled=not args.no_progress)
+        plan = LoadPlan(url=args.url, route=args.route, warmup_s=inp["warmup"], duration_s=inp["duration"],
+                        drain_s=inp["drain"], timeout_s=inp["timeout"], concurrency=args.concurrency,
+                        headers=headers, salt=f"run{os.urandom(4).hex()}" if inp["salted"] else "")
+        try:
+            load = asyncio.run(run_load(plan, inp["workload"], progress.update))
+        finally:
+            progress.close()
+        failing = _all_failed(load, args)
+        if failing is not None:
+            print(f"oculis bench run: {failing.line}", file=sys.stderr)
+            return int(failing.exit_code)
+        loads.append(load)
+    return loads
+
+
 def _run(args: argparse.Namespace, stdout: TextIO) -> int:
     from oculis_measure import figures
     from oculis_measure.bench import stats as bench_stats
-    from oculis_measure.bench.intervals import HOPS, SOURCES, machine_slack_ms, noise, run_samples
-    from oculis_measure.bench.load import LoadPlan, run_load
+    from oculis_measure.bench.intervals import SOURCES, noise, run_samples
     from oculis_measure.figures import with_reasons
     from oculis_router.usage import cost_dollars
 
@@ -374,22 +426,9 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
         except PromError as exc:
             raise Unreachable(str(exc)) from None
     wl = inp["workload"]
-    headers = {"authorization": f"Bearer {os.environ[args.api_key_env]}"} if args.api_key_env else {}
-    loads: list[Any] = []
-    for _ in range(args.repeat):  # the same seeded workload each time, each with its own salt
-        progress = ProgressView(inp["warmup"] + inp["duration"], enabled=not args.no_progress)
-        plan = LoadPlan(url=args.url, route=args.route, warmup_s=inp["warmup"], duration_s=inp["duration"],
-                        drain_s=inp["drain"], timeout_s=inp["timeout"], concurrency=args.concurrency,
-                        headers=headers, salt=f"run{os.urandom(4).hex()}" if inp["salted"] else "")
-        try:
-            load = asyncio.run(run_load(plan, wl, progress.update))
-        finally:
-            progress.close()
-        failing = _all_failed(load, args)
-        if failing is not None:
-            print(f"oculis bench run: {failing.line}", file=sys.stderr)
-            return int(failing.exit_code)
-        loads.append(load)
+    loads = _loads(args, inp)
+    if isinstance(loads, int):
+        return loads
     results = [r for load in loads for r in load.results]
     measured = [r for r in results if not r.warmup]
     wins = [bench_stats.measured_window(load.results, inp["warmup"], inp["duration"]) for load in loads]
@@ -448,21 +487,7 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
         base_fp = wl.fingerprint  # the user vouches that the workloads match
     deltas = (bench_stats.delta(baseline, current, tol, inp["base_runs"], runs) if baseline is not None
               else None)
-    slack = machine_slack_ms(inp["base_runs"], runs) if inp["base_runs"] else 0.0
-    if slack:
-        blag = figures.dist([v for r in inp["base_runs"] for v in r.get("loop_lag_ms") or []], "none", (99,))
-        warnings.append(f"the machine was busier than during the baseline: this client's 0.25 s ticker woke "
-                        f"{figures.text(figures.pick(current['client_loop_lag_ms'], 'p99'))} ms late (p99) against "
-                        f"{figures.text(figures.pick(blag, 'p99'))} ms then, so "
-                        f"latency rises up to {slack:,.0f} ms (x{HOPS} hops) may be the machine's; the latency "
-                        "intervals reach down that far")
-    if baseline is not None and not inp["base_runs"]:
-        warnings.append("the baseline has no per-request samples (a vLLM file, or saved before Oculis kept them): "
-                        "judged on point values, without intervals; save a baseline with `oculis bench run --save`")
-    elif baseline is not None and len(inp["base_runs"]) == 1:
-        warnings.append("the baseline ran once, so its noise floor (how far a figure moves between two runs of "
-                        "the same thing on this machine) is unmeasured and the intervals cover only the spread "
-                        "within each run; save the baseline with --repeat 3 or more to measure it")
+    warnings += _baseline_warnings(baseline, inp["base_runs"], runs, current)
     verdict, reasons = bench_stats.verdict(current, wl.fingerprint, slo_results, baseline, base_fp, deltas, tol)
     simulated = bool(current["simulated"] or (baseline or {}).get("simulated"))
     doc: dict[str, Any] = {
