@@ -7,9 +7,11 @@ in-flight requests drained), Prometheus, progress and output. Decisions live in 
 to send) and stats (metrics, goodput, deltas, verdict). It speaks only OpenAI HTTP and the
 Prometheus API, so it runs unchanged against the simulator, real vLLM and hosted providers.
 
-Exit codes (also in --help and README): 0 PASS, or nothing to judge; 3 FAIL; 4 INCONCLUSIVE (too little
-data: fewer than --min-requests succeeded, more than 5 % cut at the drain, no request succeeded, or a
-comparison that cannot tell); 2 bad input, including requests every one of which the server refused for a
+Exit codes (also in --help and README): 0 PASS, or nothing to judge; 3 FAIL (an SLO missed, or a compared
+figure's change interval past its limit: requests cut at the drain enter at a lower bound, so that holds
+whatever was cut); 4 INCONCLUSIVE (too little data: fewer than --min-requests succeeded, more than 5 % cut at
+the drain, no request succeeded, or a comparison that cannot tell: an interval across its limit); 2 bad
+input, including requests every one of which the server refused for a
 reason the command line can fix (404: --url or --route, 401/403: --api-key-env); 5 the target or Prometheus
 unreachable, or every request failed for a reason on the server's side (connection, timeout, 429, 5xx).
 A run whose first requests all fail alike stops early with one line naming the cause and the fix.
