@@ -7,9 +7,11 @@ in-flight requests drained), Prometheus, progress and output. Decisions live in 
 to send) and stats (metrics, goodput, deltas, verdict). It speaks only OpenAI HTTP and the
 Prometheus API, so it runs unchanged against the simulator, real vLLM and hosted providers.
 
-Exit codes (also in --help and README): 0 PASS, or nothing to judge; 3 FAIL; 4 INCONCLUSIVE (too little
-data: fewer than --min-requests succeeded, more than 5 % cut at the drain, no request succeeded, or a
-comparison that cannot tell); 2 bad input, including requests every one of which the server refused for a
+Exit codes (also in --help and README): 0 PASS, or nothing to judge; 3 FAIL (an SLO missed, or a compared
+figure's change interval past its limit: requests cut at the drain enter at a lower bound, so that holds
+whatever was cut); 4 INCONCLUSIVE (too little data: fewer than --min-requests succeeded, more than 5 % cut at
+the drain, no request succeeded, or a comparison that cannot tell: an interval across its limit); 2 bad
+input, including requests every one of which the server refused for a
 reason the command line can fix (404: --url or --route, 401/403: --api-key-env); 5 the target or Prometheus
 unreachable, or every request failed for a reason on the server's side (connection, timeout, 429, 5xx).
 A run whose first requests all fail alike stops early with one line naming the cause and the fix.
@@ -90,6 +92,10 @@ def register(sub: Any) -> None:
     p.add_argument("--latency-tolerance", type=finite_float, default=20.0, metavar="PCT",
                    help="p50/p95 latency rise that fails, if also above --latency-floor-ms (default 20)")
     p.add_argument("--latency-floor-ms", type=finite_float, default=5.0)
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run the workload N times (same seed, fresh salt each) and judge on all of them: the "
+                   "spread between runs is the noise floor that widens every interval (default 1; save a "
+                   "baseline with --repeat 3 or more to measure it)")
     p.add_argument("--min-requests", type=int, default=20, help="fewer succeeded requests: INCONCLUSIVE (default 20)")
     p.add_argument("--drain-timeout", default="60s", help="how long in-flight requests may finish (default 60s)")
     p.add_argument("--request-timeout", default="300s", help="one request's limit (default 300s)")
@@ -150,17 +156,20 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
                         ("--latency-floor-ms", args.latency_floor_ms)):
         if value < 0:
             raise InputError(f"{flag} {value:g} is negative; give a value >= 0")
+    if args.repeat < 1:
+        raise InputError(f"--repeat {args.repeat} is below 1; give the number of runs, e.g. 3")
     if not args.url.startswith(("http://", "https://")):
         raise InputError(f"--url {args.url!r} is not an http(s) URL; give e.g. http://127.0.0.1:8080")
     slos = bench_stats.parse_slos(args.slo) if args.slo is not None else []
     for out_flag, out_path, example in (("--save", args.save, "run.json"), ("--report", args.report, "run.html")):
         if out_path is not None:
             writable(out_path, out_flag, example)  # before the run, not after it (QA3 Part 2 #9)
-    baseline = None
+    baseline, base_runs = None, None
     if args.compare is not None:
         path = str(args.compare)
-        baseline = bench_stats.read_baseline(load_yaml(read_text(args.compare, "--compare"), f"--compare {path}"),
-                                             path)
+        raw = load_yaml(read_text(args.compare, "--compare"), f"--compare {path}")
+        baseline = bench_stats.read_baseline(raw, path)
+        base_runs = bench_stats.baseline_runs(raw)
     by_upstream, flat = _pricing(args)
     salted = args.fresh_cache if args.fresh_cache is not None else not profile.cross_run_prefixes
     wl = bench_workload.plan(profile, seed=args.seed, route=args.route, duration_s=duration, warmup_s=warmup,
@@ -168,7 +177,8 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
     return {"duration": duration, "warmup": warmup, "drain": bench_workload.parse_duration(args.drain_timeout,
                                                                                         "--drain-timeout"),
             "timeout": bench_workload.parse_duration(args.request_timeout, "--request-timeout"),
-            "slos": slos, "baseline": baseline, "prices": by_upstream, "flat_price": flat, "workload": wl,
+            "slos": slos, "baseline": baseline, "base_runs": base_runs, "prices": by_upstream, "flat_price": flat,
+            "workload": wl,
             "profile": profile, "salted": salted}
 
 
@@ -273,8 +283,10 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
                      if doc.get("fresh_cache") else ", prompts not salted (may hit prefixes an earlier run cached)"))
     win = cur.get("window")
     if win:
+        runs = cur.get("runs") or 1
         console.print(f"window: {win['window_s']:,.1f}s = {win['sending_s']:g}s of sends + {win['drain_s']:,.1f}s "
-                      "until the last measured request ended (any outcome); every rate below divides by it")
+                      "until the last measured request ended (any outcome)"
+                      + (f", summed over {runs} runs" if runs > 1 else "") + "; every rate below divides by it")
     if cur.get("achieved_rate") is not None and "rate" in load:
         lag = cur.get("send_lag_ms") or {}
         console.print(f"achieved {cur['achieved_rate']:.2f} req/s sent ({doc['scheduled_rate']:.2f} scheduled by the "
@@ -291,6 +303,11 @@ def render_table(doc: dict[str, Any], out: TextIO) -> None:
         table.add_row(*cells)
     console.print(table)
     console.print("formulas: " + "; ".join(f"{k} = {v}" for k, v in FORMULAS.items()))
+    if any("change_low" in d for d in (doc.get("delta") or {}).values()):
+        console.print("95% interval: of the change, bootstrap over requests drawn by time slot (percentiles, means, "
+                      "shares) or over time slots paired run by run (rates), widened to the noise floor; noise sd: "
+                      "the figure's standard deviation between the baseline's runs (- when it ran once: save it "
+                      "with --repeat 3 to measure it)")
     if cur.get("errors_by_kind"):
         console.print("errors by kind: " + ", ".join(f"{k} {v}" for k, v in cur["errors_by_kind"].items()))
     if cur.get("usage_estimated"):
@@ -318,9 +335,13 @@ def render_csv(doc: dict[str, Any], out: TextIO) -> None:
     from oculis_measure.bench.stats import comparison_rows
 
     w = csv.writer(out)
-    w.writerow(["metric", "baseline", "current", "change", "change_pct", "status", "verdict", "simulated"])
+    w.writerow(["metric", "baseline", "current", "change", "change_pct", "status", "verdict", "simulated",
+                "change_low", "change_high", "noise_sd"])
+    deltas = doc.get("delta") or {}
     for row in comparison_rows(doc):
-        w.writerow([*("" if v is None else v for v in row), doc["verdict"] or "", str(doc["simulated"]).lower()])
+        d = deltas.get(row[0], {})
+        w.writerow([*("" if v is None else v for v in row), doc["verdict"] or "", str(doc["simulated"]).lower(),
+                    *("" if d.get(k) is None else d[k] for k in ("change_low", "change_high", "noise_sd"))])
 
 
 # ---- the command ---------------------------------------------------------------------------------------
@@ -343,9 +364,60 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         return USAGE
 
 
-def _run(args: argparse.Namespace, stdout: TextIO) -> int:
-    from oculis_measure.bench import stats as bench_stats
+def _baseline_warnings(baseline: dict[str, Any] | None, base_runs: list[dict[str, Any]] | None,
+                       runs: list[dict[str, Any]], current: dict[str, Any]) -> list[str]:
+    """What the comparison's intervals cannot cover: a busier machine than the baseline's (and how far the
+    latency intervals were widened for it), a baseline without samples or that ran once."""
+    from oculis_measure import figures
+    from oculis_measure.bench.intervals import HOPS, machine_slack_ms
+
+    out = []
+    slack = machine_slack_ms(base_runs, runs) if base_runs else 0.0
+    if slack and base_runs:
+        blag = figures.dist([v for r in base_runs for v in r.get("loop_lag_ms") or []], "none", (99,))
+        out.append(f"the machine was busier than during the baseline: this client's 0.25 s ticker woke "
+                   f"{figures.text(figures.pick(current['client_loop_lag_ms'], 'p99'))} ms late (p99) against "
+                   f"{figures.text(figures.pick(blag, 'p99'))} ms then, so latency rises up to {slack:,.0f} ms "
+                   f"(x{HOPS} hops) may be the machine's; the latency intervals reach down that far")
+    if baseline is not None and not base_runs:
+        out.append("the baseline has no per-request samples (a vLLM file, or saved before Oculis kept them): "
+                   "judged on point values, without intervals; save a baseline with `oculis bench run --save`")
+    elif baseline is not None and base_runs and len(base_runs) == 1:
+        out.append("the baseline ran once, so its noise floor (how far a figure moves between two runs of the same "
+                   "thing on this machine) is unmeasured and the intervals cover only the spread within each run; "
+                   "save the baseline with --repeat 3 or more to measure it")
+    return out
+
+
+def _loads(args: argparse.Namespace, inp: dict[str, Any]) -> list[Any] | int:
+    """--repeat runs of the same seeded workload, each with its own salt; the exit code instead when a run's
+    requests all failed alike (one line names the cause)."""
     from oculis_measure.bench.load import LoadPlan, run_load
+
+    headers = {"authorization": f"Bearer {os.environ[args.api_key_env]}"} if args.api_key_env else {}
+    loads: list[Any] = []
+    for _ in range(args.repeat):
+        progress = ProgressView(inp["warmup"] + inp["duration"], enabled=not args.no_progress)
+        plan = LoadPlan(url=args.url, route=args.route, warmup_s=inp["warmup"], duration_s=inp["duration"],
+                        drain_s=inp["drain"], timeout_s=inp["timeout"], concurrency=args.concurrency,
+                        headers=headers, salt=f"run{os.urandom(4).hex()}" if inp["salted"] else "")
+        try:
+            load = asyncio.run(run_load(plan, inp["workload"], progress.update))
+        finally:
+            progress.close()
+        failing = _all_failed(load, args)
+        if failing is not None:
+            print(f"oculis bench run: {failing.line}", file=sys.stderr)
+            return int(failing.exit_code)
+        loads.append(load)
+    return loads
+
+
+def _run(args: argparse.Namespace, stdout: TextIO) -> int:
+    from oculis_measure import figures
+    from oculis_measure.bench import stats as bench_stats
+    from oculis_measure.bench.intervals import SOURCES, noise, run_samples
+    from oculis_measure.figures import with_reasons
     from oculis_router.usage import cost_dollars
 
     inp = _inputs(args)
@@ -359,24 +431,15 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
         except PromError as exc:
             raise Unreachable(str(exc)) from None
     wl = inp["workload"]
-    progress = ProgressView(inp["warmup"] + inp["duration"], enabled=not args.no_progress)
-    headers = {"authorization": f"Bearer {os.environ[args.api_key_env]}"} if args.api_key_env else {}
-    plan = LoadPlan(url=args.url, route=args.route, warmup_s=inp["warmup"], duration_s=inp["duration"],
-                    drain_s=inp["drain"], timeout_s=inp["timeout"], concurrency=args.concurrency, headers=headers,
-                    salt=f"run{os.urandom(4).hex()}" if inp["salted"] else "")
-    try:
-        load = asyncio.run(run_load(plan, wl, progress.update))
-    finally:
-        progress.close()
-    results = load.results
-    failing = _all_failed(load, args)
-    if failing is not None:
-        print(f"oculis bench run: {failing.line}", file=sys.stderr)
-        return int(failing.exit_code)
+    loads = _loads(args, inp)
+    if isinstance(loads, int):
+        return loads
+    results = [r for load in loads for r in load.results]
     measured = [r for r in results if not r.warmup]
-    win = bench_stats.measured_window(results, inp["warmup"], inp["duration"])
-    window = {"wall_measure_start": load.wall_start + inp["warmup"],
-              "wall_end": load.wall_start + inp["warmup"] + win["window_s"], **win}
+    wins = [bench_stats.measured_window(load.results, inp["warmup"], inp["duration"]) for load in loads]
+    win = {k: sum(w[k] for w in wins) for k in ("window_s", "sending_s", "drain_s")}
+    window = {"wall_measure_start": loads[0].wall_start + inp["warmup"],
+              "wall_end": loads[-1].wall_start + inp["warmup"] + wins[-1]["window_s"], **win}
     cost_note = "not priced: give --config (the router's config) or --pricing IN,OUT"
     for r in results:
         u = r.usage
@@ -388,10 +451,18 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
     if inp["prices"] and any(r.ok and r.cost is None for r in measured):
         cost_note = "not priced: some answers came from an upstream without pricing in --config"
     # a generator that lags sends past the planned end: its achieved rate drops
-    send_window = max(inp["duration"], max((r.sent_s for r in results), default=0) - inp["warmup"])
+    send_window = sum(max(inp["duration"], max((r.sent_s for r in load.results), default=0) - inp["warmup"])
+                      for load in loads)
     current = bench_stats.summarize(results, win["window_s"], slos=inp["slos"], requested_rate=args.rate or (
         None if args.concurrency else inp["profile"].rate), send_window_s=send_window)
+    runs = [{**run_samples(load.results, inp["warmup"], w["window_s"],
+                           lambda r: bench_stats.good(r, inp["slos"]), inp["duration"]),
+             "loop_lag_ms": [round(v * 1000, 2) for v in load.loop_lag_s]}
+            for load, w in zip(loads, wins, strict=True)]
+    lags = [v for r in runs for v in r["loop_lag_ms"]]
+    current["client_loop_lag_ms"] = figures.dist(lags, "the run measured for less than 0.25 s", (50, 99))
     current["window"] = win
+    current["runs"] = len(loads)
     warnings = []
     scheduled = None
     if args.concurrency is None and current["achieved_rate"] is not None:
@@ -419,7 +490,9 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
     baseline, base_fp = inp["baseline"] if inp["baseline"] else (None, None)
     if baseline is not None and base_fp is None and args.force_compare:
         base_fp = wl.fingerprint  # the user vouches that the workloads match
-    deltas = bench_stats.delta(baseline, current, tol) if baseline is not None else None
+    deltas = (bench_stats.delta(baseline, current, tol, inp["base_runs"], runs) if baseline is not None
+              else None)
+    warnings += _baseline_warnings(baseline, inp["base_runs"], runs, current)
     verdict, reasons = bench_stats.verdict(current, wl.fingerprint, slo_results, baseline, base_fp, deltas, tol)
     simulated = bool(current["simulated"] or (baseline or {}).get("simulated"))
     doc: dict[str, Any] = {
@@ -428,9 +501,13 @@ def _run(args: argparse.Namespace, stdout: TextIO) -> int:
         "workload_hash": wl.fingerprint_hash, "current": current, "baseline": baseline, "delta": deltas,
         "slos": slo_results, "warnings": warnings, "scheduled_rate": scheduled, "fresh_cache": inp["salted"],
         "cost_note": None if current["cost_per_1k_requests"] is not None else cost_note,
+        # each figure's standard deviation between this invocation's runs (None: it ran once)
+        "noise_floor": {k: noise(k, runs) for k in SOURCES},
     }
+    doc = with_reasons(doc)  # a figure that cannot exist is null, its reason under "absent" (figures.py)
     if args.save is not None:
-        _write(args.save, json.dumps({**doc, "samples": _samples(results)}, indent=1) + "\n", "--save")
+        _write(args.save, json.dumps({**doc, "samples": _samples(results), "runs": runs}, indent=1) + "\n",
+               "--save")
     if args.report is not None:
         from oculis_measure.bench.report import html
 

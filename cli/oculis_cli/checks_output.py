@@ -12,6 +12,8 @@ from typing import Any, TextIO
 
 import yaml
 
+from oculis_measure.figures import Absent, cell, with_reasons
+
 FORMATS = ("table", "json", "yaml")
 FORMATS_CSV = ("table", "json", "yaml", "csv")
 
@@ -22,12 +24,13 @@ def add_output_flag(p: Any, with_csv: bool = True) -> None:
 
 
 def dump(report: dict[str, Any], fmt: str, out: TextIO) -> bool:
-    """Write json/yaml; False for the formats the command renders itself."""
+    """Write json/yaml; False for the formats the command renders itself. A figure that cannot exist
+    (figures.Absent) is null, its reason under "absent"."""
     if fmt == "json":
-        out.write(json.dumps(report, indent=2) + "\n")
+        out.write(json.dumps(with_reasons(report), indent=2) + "\n")
         return True
     if fmt == "yaml":
-        out.write(yaml.safe_dump(report, sort_keys=False, allow_unicode=True))
+        out.write(yaml.safe_dump(with_reasons(report), sort_keys=False, allow_unicode=True))
         return True
     return False
 
@@ -40,7 +43,7 @@ def write_csv(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
+        w.writerow({k: ("" if r.get(k) is None or isinstance(r.get(k), Absent) else r.get(k)) for k in cols})
     out.write(buf.getvalue())
 
 
@@ -60,13 +63,13 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     for c in columns:
         t.add_column(c, justify="right" if c in right else "left", overflow="fold")
     for r in rows:
-        t.add_row(*("-" if v is None else str(v) for v in r))
+        t.add_row(*(cell(v) for v in r))
     Console(file=out, width=160, soft_wrap=True).print(t)
 
 
 def plain_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO,
                 right: Sequence[str] = ()) -> None:
-    cells = [list(columns), *[["-" if v is None else str(v) for v in r] for r in rows]]
+    cells = [list(columns), *[[cell(v) for v in r] for r in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     if title:
         out.write(title + "\n")
@@ -79,8 +82,8 @@ def line(text: str, out: TextIO) -> None:
     out.write(text + "\n")
 
 
-def money(v: float | None) -> str:
-    if v is None:
+def money(v: float | Absent | None) -> str:
+    if v is None or isinstance(v, Absent):
         return "-"
     if abs(v) < 5e-7:  # below the last digit shown: never "$-0.000000" (QA3 Part 2 #7)
         v = 0.0
@@ -89,8 +92,8 @@ def money(v: float | None) -> str:
     return f"${v:,.4f}" if abs(v) >= 0.01 else f"${v:.6f}"
 
 
-def pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
+def pct(v: float | Absent | None) -> str:
+    return "-" if v is None or isinstance(v, Absent) else f"{100 * v:.1f}%"
 
 
 def cascade_text(rep: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from oculis.adapters import VLLM_LORA_RANKS
 from oculis_cli.inputs import InputError, port_number
 from oculis_cli.serve import bind_problem
+from oculis_measure.figures import known, pick, text, with_reasons
 from oculis_sim import config, versions, vllm_flags
 
 if TYPE_CHECKING:
@@ -181,19 +182,18 @@ def replay_doc(res: object, s: config.Settings, sent: int) -> dict[str, Any]:
     from oculis_sim.replay import ReplayResult
 
     assert isinstance(res, ReplayResult)
+    hit = res.prefix_hit_rate
     doc: dict[str, Any] = {"simulated": True, "note": "simulated figures (oculis-simulator), not measurements",
                            "model": s.model_name, "gpu": s.gpu.key, "tp": s.tp, **res.summary,
                            "workload_requests": sent, "refused": res.refused,
                            "refused_why": "longer than max_model_len", "kv_cache_tokens": s.kv_cache_tokens,
                            "peak_kv_usage": round(res.peak_kv_usage, 4),
-                           "prefix_cache_hit_rate": round(res.prefix_hit_rate, 4),
+                           "prefix_cache_hit_rate": round(hit, 4) if known(hit) else hit,
                            "mean_acceptance_length": (round(res.spec_acceptance_length, 4)
                                                       if res.spec_acceptance_length else None)}
     if not res.summary["requests"]:
-        for key in ("ttft_ms", "itl_ms", "e2e_ms"):
-            doc[key] = None
         doc["no_requests"] = _no_requests(sent, res.refused)
-    return doc
+    return with_reasons(doc)  # figures of nothing are null, their reasons under "absent"
 
 
 def _no_requests(sent: int, refused: int) -> str:
@@ -217,12 +217,13 @@ def _text(res: object, s: config.Settings, sent: int | None = None) -> str:
     lines.append(f"  {'':10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}  (ms)")
     for key, label in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
         v = sm[key]
-        lines.append(f"  {label:10}{v['mean']:10.1f}{v['p50']:10.1f}{v['p90']:10.1f}{v['p99']:10.1f}")
-    lines.append(f"  output tokens/s {sm['output_tokens_per_s']:.1f}, requests/s {sm['requests_per_s']:.3f}, "
+        lines.append(f"  {label:10}" + "".join(text(pick(v, k), ".1f", 10) for k in ("mean", "p50", "p90", "p99")))
+    lines.append(f"  output tokens/s {text(sm['output_tokens_per_s'])}, "
+                 f"requests/s {text(sm['requests_per_s'], '.3f')}, "
                  f"requests {sm['requests']}" + (f" ({res.refused} refused: longer than max_model_len)"
                                                  if res.refused else ""))
     lines.append(f"  preemptions {sm['preemptions']}, KV blocks {sm['kv_blocks']} ({s.kv_cache_tokens} tokens), "
-                 f"peak KV usage {res.peak_kv_usage:.1%}, prefix cache hit rate {res.prefix_hit_rate:.1%}"
+                 f"peak KV usage {res.peak_kv_usage:.1%}, prefix cache hit rate {text(res.prefix_hit_rate, '.1%')}"
                  + (f", mean acceptance length {res.spec_acceptance_length:.2f}"
                     if res.spec_acceptance_length else ""))
     return "\n".join(lines)

@@ -28,12 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from oculis_measure.figures import Absent, absent, rate, ratio, share
 from oculis_router.picking import BlockRemoved, BlockStored, EventBatch, Picker, PickRequest, ReplicaState, Strategy
 from oculis_sim import decoderun
 from oculis_sim.config import Settings
 from oculis_sim.engine import EngineCore, StepResult
 from oculis_sim.fleetlora import Slots
-from oculis_sim.replay import stats_ms
+from oculis_sim.replay import NO_REQUESTS, stats_ms
 from oculis_sim.scheduler import Request
 from oculis_sim.tokenrecorder import Rec, TokenRecorder
 from oculis_sim.workload import Workload
@@ -79,17 +80,20 @@ class _Rec(Rec):
         self.context = context
 
 
+NO_LOOKUP = "no prefix-cache lookup (no request was scheduled)"
+
+
 @dataclass
 class FleetResult:
     summary: dict[str, Any]  # exactly the `-o json` keys
     refused: int
 
 
-def weighted_stats_ms(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+def weighted_stats_ms(values: np.ndarray, weights: np.ndarray) -> dict[str, float] | Absent:
     """stats_ms over values each counted `weights` times (a decode run's gaps are one value per step,
-    shared by the whole batch)."""
+    shared by the whole batch); absent when there are none (never 0.0)."""
     if len(values) == 0 or weights.sum() == 0:
-        return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+        return absent("no request produced a second token")
     order = np.argsort(values, kind="stable")
     v = values[order] * 1000.0
     cw = np.cumsum(weights[order])
@@ -311,14 +315,14 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
             else:
                 next_scrape = float("inf")
     start_t = float(arrivals[0]) if n else 0.0
-    duration = max(rec.last_done - start_t, 1e-9)
+    duration = rec.last_done - start_t if len(rec.e2e) else 0.0  # no request completed: no window
     q = sum(r.core.counters.prefix_queries for r in fleet)
     h = sum(r.core.counters.prefix_hits for r in fleet)
     per = []
     for r in fleet:
         c = r.core.counters
         per.append({"replica": r.id, "requests": r.requests,
-                    "prefix_hit_share": round(c.prefix_hits / c.prefix_queries, 4) if c.prefix_queries else 0.0,
+                    "prefix_hit_share": share(c.prefix_hits, c.prefix_queries, NO_LOOKUP, 4),
                     "peak_kv_usage": round(c.peak_kv_usage, 4), "preemptions": c.preemptions})
     counts = [r.requests for r in fleet]
     mean_count = sum(counts) / len(counts) if counts else 0.0
@@ -329,11 +333,11 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
         "itl_ms": weighted_stats_ms(np.frombuffer(rec.itl, dtype=np.float64),
                                     np.frombuffer(rec.itl_w, dtype=np.float64)),
         "e2e_ms": stats_ms(np.frombuffer(rec.e2e, dtype=np.float64)),
-        "output_tokens_per_s": round(rec.out_tokens / duration, 2),
-        "requests_per_s": round(len(rec.e2e) / duration, 4),
+        "output_tokens_per_s": rate(rec.out_tokens, duration, NO_REQUESTS, 2),
+        "requests_per_s": rate(len(rec.e2e), duration, NO_REQUESTS, 4),
         "requests": len(rec.e2e),
-        "prefix_hit_share": round(h / q, 4) if q else 0.0,
-        "load_spread": round(max(counts) / mean_count, 3) if mean_count else 0.0,
+        "prefix_hit_share": share(h, q, NO_LOOKUP, 4),
+        "load_spread": ratio(max(counts, default=0), mean_count, "no request reached a replica", 3),
         "preemptions": sum(r.core.counters.preemptions for r in fleet),
         "per_replica": per,
     }

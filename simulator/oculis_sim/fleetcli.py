@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from oculis_measure.figures import pick, reasons_of, text, with_reasons
 from oculis_router.picking import STRATEGIES, Strategy
 from oculis_sim import config
 from oculis_sim.workload import Workload
@@ -30,11 +31,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'picker':13}{'TTFT p50':>10}{'p90':>10}{'p99':>10}{'ITL p50':>9}{'E2E p90':>10}{'out tok/s':>11}"
             f"{'prefix hit':>11}{'spread':>8}{'preempt':>9}")
     lines = [head + "   (ms)"]
-    for sm in rows:
+    for sm in rows:  # a figure of nothing (no request completed) is `-`, its reason below the table
         t = sm["ttft_ms"]
-        lines.append(f"{sm['picker']:13}{t['p50']:10.1f}{t['p90']:10.1f}{t['p99']:10.1f}{sm['itl_ms']['p50']:9.1f}"
-                     f"{sm['e2e_ms']['p90']:10.1f}{sm['output_tokens_per_s']:11.1f}{sm['prefix_hit_share']:11.1%}"
-                     f"{sm['load_spread']:8.2f}{sm['preemptions']:9d}")
+        lines.append(f"{sm['picker']:13}" + "".join(text(pick(t, k), ".1f", 10) for k in ("p50", "p90", "p99"))
+                     + text(pick(sm["itl_ms"], "p50"), ".1f", 9) + text(pick(sm["e2e_ms"], "p90"), ".1f", 10)
+                     + text(sm["output_tokens_per_s"], ".1f", 11) + text(sm["prefix_hit_share"], ".1%", 11)
+                     + text(sm["load_spread"], ".2f", 8) + f"{sm['preemptions']:9d}")
+    lines += [f"  -: {why}" for why in reasons_of([{k: v for k, v in sm.items() if k != "per_replica"}
+                                                  for sm in rows])]
     return "\n".join(lines)
 
 
@@ -76,7 +80,9 @@ def run_fleet(args: argparse.Namespace, settings_from: Callable[[argparse.Namesp
     where = (f"{s.model_name} on {s.gpu.key} x{s.tp}, {args.replicas} replicas of {s.kv_cache_tokens:,} KV tokens, "
              f"max_num_seqs {s.max_num_seqs}")
     if args.output == "json":
-        marked = [{"simulated": True, **r} for r in rows]  # the figures say what they are wherever they go
+        # the figures say what they are wherever they go; a figure of nothing is null, its reason under "absent"
+        marked = [with_reasons({"simulated": True, **r, "refused": res.refused})
+                  for r, res in zip(rows, results, strict=True)]
         print(json.dumps(marked[0] if len(marked) == 1 else marked, indent=2))
         print(f"oculis sim fleet: simulated figures (oculis-simulator), not measurements; {where}", file=sys.stderr)
     else:

@@ -16,20 +16,19 @@ from typing import Any
 
 import numpy as np
 
+from oculis_measure.figures import Absent, dist, rate, share
 from oculis_sim.config import Settings
 from oculis_sim.engine import EngineCore
 from oculis_sim.scheduler import Request
 from oculis_sim.tokenrecorder import Rec, TokenRecorder
 from oculis_sim.workload import Workload
 
+NO_REQUESTS = "no request completed"
 
-def stats_ms(values: np.ndarray) -> dict[str, float]:
-    if len(values) == 0:
-        return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
-    ms = values * 1000.0
-    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-    return {"mean": round(float(ms.mean()), 3), "p50": round(float(p50), 3), "p90": round(float(p90), 3),
-            "p99": round(float(p99), 3)}
+
+def stats_ms(values: np.ndarray, reason: str = NO_REQUESTS) -> dict[str, float] | Absent:
+    """mean, p50, p90, p99 in ms of values in seconds; Absent(reason) when there are none (never 0.0)."""
+    return dist(values, reason, percentiles=(50, 90, 99), scale=1000.0, digits=3)
 
 
 @dataclass
@@ -37,12 +36,12 @@ class ReplayResult:
     summary: dict[str, Any]  # exactly the `-o json` keys
     peak_kv_usage: float
     refused: int
-    prefix_hit_rate: float
+    prefix_hit_rate: float | Absent  # absent: no prefix-cache lookup
     duration_s: float
     output_tokens: int
     spec_acceptance_length: float | None
-    tpot_ms: dict[str, float]  # per request (E2E - TTFT) / (output - 1), as vLLM bench's TPOT
-    queue_ms: dict[str, float]  # waiting before first scheduled, as vllm:request_queue_time_seconds
+    tpot_ms: dict[str, float] | Absent  # per request (E2E - TTFT) / (output - 1), as vLLM bench's TPOT
+    queue_ms: dict[str, float] | Absent  # waiting before first scheduled, as vllm:request_queue_time_seconds
 
 
 def run(settings: Settings, wl: Workload) -> ReplayResult:
@@ -117,20 +116,21 @@ def run(settings: Settings, wl: Workload) -> ReplayResult:
     completed = len(rec.e2e)
     start = float(wl.arrivals[0]) if n else 0.0
     duration = max(rec.last_done - start, 1e-9)
+    window = rec.last_done - start if completed else 0.0  # no request completed: no window to divide by
     out_tokens = rec.out_tokens
     c = core.counters
     summary = {
         "ttft_ms": stats_ms(np.frombuffer(rec.ttft, dtype=np.float64)),
-        "itl_ms": stats_ms(np.frombuffer(rec.itl, dtype=np.float64)),
+        "itl_ms": stats_ms(np.frombuffer(rec.itl, dtype=np.float64), "no request produced a second token"),
         "e2e_ms": stats_ms(np.frombuffer(rec.e2e, dtype=np.float64)),
-        "output_tokens_per_s": round(out_tokens / duration, 2),
-        "requests_per_s": round(completed / duration, 4),
+        "output_tokens_per_s": rate(out_tokens, window, NO_REQUESTS, 2),
+        "requests_per_s": rate(completed, window, NO_REQUESTS, 4),
         "preemptions": c.preemptions,
         "kv_blocks": settings.num_blocks,
         "requests": completed,
     }
     al = (1 + c.spec_accepted / c.spec_drafts) if c.spec_drafts else None
-    hit_rate = c.prefix_hits / c.prefix_queries if c.prefix_queries else 0.0
+    hit_rate = share(c.prefix_hits, c.prefix_queries, "no prefix-cache lookup (no request was scheduled)")
     return ReplayResult(summary, c.peak_kv_usage, refused, hit_rate, duration, out_tokens, al,
                         stats_ms(np.frombuffer(rec.tpot, dtype=np.float64)),
                         stats_ms(np.frombuffer(queue, dtype=np.float64)))

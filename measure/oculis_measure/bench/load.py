@@ -44,6 +44,9 @@ class LoadResult:
     results: list[RequestResult]
     wall_start: float  # time.time() at the run's start
     aborted: str | None = None  # the error kind the first requests all shared, when the run stopped early
+    # how late the client's own 0.25 s ticker woke, in seconds, while measuring: the machine's CPU contention
+    # as this process felt it (the router and engine on the same machine wait alike)
+    loop_lag_s: list[float] = field(default_factory=list)
 
 
 def salted(messages: list[dict[str, str]], salt: str) -> list[dict[str, str]]:
@@ -184,6 +187,8 @@ async def run_load(plan: LoadPlan, wl: Workload, progress: Progress) -> LoadResu
                 progress(now - t0, len(results), len(finished), len(tasks), "warm-up" if now - t0 < warmup
                          else "measuring" if now < end else "draining")
                 await asyncio.sleep(0.25)
+                if t0 + warmup <= now < end:
+                    out.loop_lag_s.append(max(0.0, loop.time() - now - 0.25))
 
         tick = asyncio.create_task(ticker())
         try:

@@ -10,9 +10,14 @@ Metric names and formulas follow vLLM's `bench serve` (so a `--save-result` file
 The measured window runs from the end of the warm-up until the later of the planned end of sending and
 the end of the last measured request of any outcome (succeeded, failed, or cut at the drain timeout), so
 failures never shrink it: every rate has the same denominator (measured_window).
-Percentiles are numpy's linear ones (vLLM's). Goodput counts a request good when it succeeded and met
-every per-request latency SLO; errors count as bad, cancelled (not drained in time) are left out of both
-sides (GuideLLM's and AIPerf's denominators): goodput_share = good / (succeeded + failed).
+Percentiles are numpy's linear ones (vLLM's). A request cut at the drain timeout is at least as slow as
+its time in flight until the cut: TTFT and E2E count it at that lower bound (so the percentiles are lower
+bounds too, and a run cannot look faster by stalling more). Goodput counts a request good when it
+succeeded and met every per-request latency SLO; errors and cut requests count as missed:
+goodput_share = good / measured requests.
+
+Comparisons carry intervals (intervals.py: bootstrap over requests or time windows, widened to the
+between-run noise floor of repeated runs); the verdict reads the intervals, not the point changes.
 """
 
 from __future__ import annotations
@@ -22,19 +27,20 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from oculis_measure.figures import Absent, dist, share
+from oculis_measure.figures import text as figure_text
 from oculis_measure.inputs import InputError
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCY = ("ttft", "tpot", "itl", "e2e")
 FORMULAS = {
-    "ttft_ms": "first content chunk - send",
+    "ttft_ms": "first content chunk - send (a request cut at the drain: its time in flight, a lower bound)",
     "tpot_ms": "(e2e - ttft) / (output tokens - 1), per request",
     "itl_ms": "gap between content chunks, pooled",
-    "e2e_ms": "last byte - send",
+    "e2e_ms": "last byte - send (a request cut at the drain: its time in flight, a lower bound)",
     "throughput_tok_s": "output tokens / measured window",
     "goodput_rps": "requests meeting every SLO / measured window",
+    "goodput_share": "requests meeting every SLO / measured requests (failed and cut ones missed)",
     "window": "warm-up end -> the later of the planned end of sending and the last measured request's end "
               "(any outcome)",
 }
@@ -150,12 +156,29 @@ def _good(r: RequestResult, slos: list[Slo]) -> bool:
 
 # ---- metrics ---------------------------------------------------------------------------------------------
 
-def _dist(values_s: list[float]) -> dict[str, float | None]:
-    if not values_s:
-        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
-    arr = np.asarray(values_s) * 1000.0
-    qs = np.percentile(arr, PERCENTILES)
-    return {"mean": float(arr.mean()), **{f"p{p}": float(q) for p, q in zip(PERCENTILES, qs, strict=True)}}
+def _dist(values_s: list[float], reason: str = "no measured request succeeded") -> dict[str, float] | Absent:
+    """mean and percentiles in ms; Absent(reason) for no samples (figures.py: never a number)."""
+    return dist(values_s, reason, PERCENTILES, scale=1000.0, digits=None)
+
+
+def _in_flight(r: RequestResult) -> float | None:
+    return None if r.ended_s is None else max(r.ended_s - r.sent_s, 0.0)
+
+
+def _ttft_bound(r: RequestResult) -> float | None:
+    """A succeeded request's TTFT; a cut one's, or its time in flight (a lower bound) if no token came."""
+    if r.ok or (r.cancelled and r.ttft_s is not None):
+        return r.ttft_s
+    return _in_flight(r) if r.cancelled else None
+
+
+def _e2e_bound(r: RequestResult) -> float | None:
+    """A succeeded request's E2E; a cut one's time in flight until the cut (a lower bound)."""
+    return r.e2e_s if r.ok else _in_flight(r) if r.cancelled else None
+
+
+def good(r: RequestResult, slos: list[Slo]) -> bool:
+    return _good(r, slos)
 
 
 def measured_window(results: list[RequestResult], warmup_s: float, duration_s: float) -> dict[str, float]:
@@ -192,19 +215,20 @@ def summarize(results: list[RequestResult], window_s: float, *, slos: list[Slo] 
         "requests_per_s": len(ok) / window,
         "requested_rate": requested_rate,
         "achieved_rate": sent_rate,
-        "send_lag_ms": _dist(lags) if lags else None,
-        "ttft_ms": _dist([r.ttft_s for r in ok if r.ttft_s is not None]),
-        "tpot_ms": _dist([t for r in ok if (t := r.tpot_s) is not None]),
-        "itl_ms": _dist([g for r in ok for g in r.itl_s]),
-        "e2e_ms": _dist([r.e2e_s for r in ok if r.e2e_s is not None]),
+        "send_lag_ms": _dist(lags) if lags else None,  # None: closed loop, nothing scheduled
+        "ttft_ms": _dist([v for r in measured if (v := _ttft_bound(r)) is not None]),
+        "tpot_ms": _dist([t for r in ok if (t := r.tpot_s) is not None],
+                         "no succeeded request had more than one output token"),
+        "itl_ms": _dist([g for r in ok for g in r.itl_s], "no succeeded request had more than one content chunk"),
+        "e2e_ms": _dist([v for r in measured if (v := _e2e_bound(r)) is not None]),
         "input_tokens": sum(r.prompt_tokens for r in ok),
         "output_tokens": sum(r.output_tokens for r in ok),
         "cached_prompt_tokens": sum(r.cached_tokens for r in ok),
         "errors": len(failed),
         "errors_by_kind": dict(sorted(by_kind.items())),
-        "error_rate": len(failed) / len(done) if done else 0.0,
+        "error_rate": share(len(failed), len(done), "no measured request ended (all cut at the drain)"),
         "goodput_rps": good / window,
-        "goodput_share": good / len(done) if done else None,
+        "goodput_share": share(good, len(measured), "no request was measured"),
         "goodput_basis": "request-level latency SLOs (" + (", ".join(s.text for s in slos if s.per_request())
                                                             or "none given: every success is good") + ")",
         "cost_per_1k_requests": (sum(costs) / len(costs) * 1000) if costs and len(costs) == len(ok) else None,
@@ -270,12 +294,41 @@ class Tolerances:
     max_cancelled_share: float = 0.05  # more measured requests cut at the drain: their tail is unknown (p95)
 
 
-def delta(baseline: dict[str, Any], current: dict[str, Any], tol: Tolerances) -> dict[str, dict[str, Any]]:
+def limit_change(g: Gate, baseline: float, tol: Tolerances) -> float:
+    """The signed change of a gated figure at which it regresses: a rise for `lower` figures, a drop for
+    `higher` ones."""
+    if g.kind == "throughput":
+        return -abs(baseline) * tol.throughput_pct / 100
+    if g.kind == "latency":
+        return max(abs(baseline) * tol.latency_pct / 100, tol.latency_floor_ms)
+    if g.kind == "errors":
+        return tol.error_rate_pp / 100
+    return abs(baseline) * tol.cost_pct / 100
+
+
+def delta(baseline: dict[str, Any], current: dict[str, Any], tol: Tolerances,
+          base_runs: list[dict[str, Any]] | None = None,
+          cur_runs: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """Per gated metric: baseline, current, change, change_pct and status (ok / improved / regressed /
-    info), direction-aware: for `lower` metrics a rise is worse."""
+    unsure / info), direction-aware: for `lower` metrics a rise is worse. With both runs' per-request
+    samples (`runs` of a --save file) each figure carries its change's interval and the status reads
+    it (intervals.judge); without them (a vLLM file) the point values are compared."""
     out: dict[str, dict[str, Any]] = {}
+    slack = 0.0
+    if base_runs and cur_runs:
+        from oculis_measure.bench.intervals import machine_slack_ms
+
+        slack = machine_slack_ms(base_runs, cur_runs)
     for g in GATES:
+        judged = None
+        if base_runs and cur_runs and g.kind != "info":
+            from oculis_measure.bench.intervals import judge
+
+            judged = judge(g.key, lambda b, g=g: limit_change(g, b, tol), g.better,  # type: ignore[misc]
+                           base_runs, cur_runs, slack_ms=slack)
         b, c = get(baseline, g.key), get(current, g.key)
+        if judged is not None:
+            b, c = judged.baseline, judged.current
         if b is None or c is None:
             continue
         change = c - b
@@ -299,7 +352,7 @@ def delta(baseline: dict[str, Any], current: dict[str, Any], tol: Tolerances) ->
                  "cost": f"+{tol.cost_pct:g}%"}.get(g.kind)
         out[g.key] = {"baseline": b, "current": c, "change": change,
                       "change_pct": None if math.isinf(pct) else pct, "better": g.better, "status": status,
-                      "limit": limit}
+                      "limit": limit, **(judged.as_dict() if judged is not None else {})}
     return out
 
 
@@ -313,68 +366,100 @@ def num(v: float) -> str:
     return f"{v:,.1f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
+def _interval(d: dict[str, Any]) -> str:
+    return f"[{d['change_low']:+,.4g}, {d['change_high']:+,.4g}]" if "change_low" in d else ""
+
+
 def verdict(current: dict[str, Any], fingerprint: dict[str, Any], slo_results: list[dict[str, Any]],
             baseline: dict[str, Any] | None, baseline_fingerprint: dict[str, Any] | None,
             deltas: dict[str, dict[str, Any]] | None, tol: Tolerances) -> tuple[str | None, list[str]]:
     """(verdict, reasons, the binding one first). None when there is nothing to judge (no --slo and no
-    --compare) and some request succeeded. A missed SLO fails on its own; anything judged on too little
-    data is INCONCLUSIVE, never PASS: no request succeeded, fewer than --min-requests succeeded, or more
-    than max_cancelled_share of the measured requests were cut at the drain timeout (the percentiles then
-    cover only the faster ones)."""
+    --compare) and some request succeeded.
+
+    In order: a missed SLO fails on its own. A comparison that cannot mean anything is INCONCLUSIVE (no
+    request succeeded, another workload, simulated vs real, no fingerprint). Then a figure whose change's
+    interval lies past its limit FAILs, whatever else: cut requests enter the figures at a lower bound of
+    their latency and as missed goodput, so the figures are optimistic and a regression they show is real.
+    Only then is the run INCONCLUSIVE for lack of data (fewer than --min-requests succeeded, more than
+    max_cancelled_share cut at the drain, an interval across its limit, naming what would settle it), and
+    PASS when every interval lies inside its limit. A comparison without per-request samples (a vLLM
+    baseline) is judged on its point values, and too few requests then block a FAIL too."""
     reasons: list[str] = []
     failed = [r for r in slo_results if r["met"] is False]
     unmeasured = [r for r in slo_results if r["met"] is None]
     reasons += [f"SLO {r['slo']} missed: observed {num(r['observed'])}{r.get('unit', '')}" for r in failed]
-    inconclusive: list[str] = [f"SLO {r['slo']}: not measured in this run" for r in unmeasured]
+    blocking: list[str] = [f"SLO {r['slo']}: not measured in this run" for r in unmeasured]
+    soft: list[str] = []
     judging = baseline is not None or bool(slo_results)
     succeeded = int(get(current, "requests.succeeded") or 0)
     measured = int(get(current, "requests.measured") or 0)
     cancelled = int(get(current, "requests.cancelled") or 0)
+    with_intervals = any("change_low" in d for d in (deltas or {}).values())
     if succeeded == 0:
-        inconclusive.append(f"no measured request succeeded ({measured} measured, {cancelled} cut at the drain "
-                            "timeout): there is nothing to judge")
+        blocking.append(f"no measured request succeeded ({measured} measured, {cancelled} cut at the drain "
+                        "timeout): there is nothing to judge")
     elif judging and succeeded < tol.min_requests:
-        inconclusive.append(f"the current run has {succeeded} succeeded requests (< --min-requests "
-                            f"{tol.min_requests}): too few for its percentiles; run longer or at a higher rate")
+        (soft if with_intervals else blocking).append(
+            f"the current run has {succeeded} succeeded requests (< --min-requests {tol.min_requests}): too few "
+            "for its percentiles; run longer or at a higher rate")
     if measured and cancelled / measured > tol.max_cancelled_share:
-        inconclusive.append(f"{cancelled} of {measured} measured requests ({100 * cancelled / measured:.0f}%) were "
-                            "cut at the drain timeout: the figures cover only the faster ones; raise "
-                            "--drain-timeout or lower the load")
+        soft.append(f"{cancelled} of {measured} measured requests ({100 * cancelled / measured:.0f}%) were cut at "
+                    "the drain timeout: their latency is known only as a lower bound, so the figures may be "
+                    "better than the truth; raise --drain-timeout or lower the load")
     if baseline is not None:
         if baseline_fingerprint is None:
-            inconclusive.append("the baseline has no workload fingerprint (not an `oculis bench run --save` "
-                                "file); rerun the baseline with --save, or pass --force-compare")
+            blocking.append("the baseline has no workload fingerprint (not an `oculis bench run --save` "
+                            "file); rerun the baseline with --save, or pass --force-compare")
         else:
             diff = [k for k in FINGERPRINT_FIELDS if baseline_fingerprint.get(k, FINGERPRINT_DEFAULTS.get(k))
                     != fingerprint.get(k, FINGERPRINT_DEFAULTS.get(k))]
             if diff:
-                inconclusive.append("workload mismatch: " + ", ".join(
+                blocking.append("workload mismatch: " + ", ".join(
                     f"{k} {baseline_fingerprint.get(k, FINGERPRINT_DEFAULTS.get(k))!r} vs "
                     f"{fingerprint.get(k, FINGERPRINT_DEFAULTS.get(k))!r}" for k in diff)
                     + "; rerun with the baseline's profile, seed, route, duration, load and prompt salting")
         known = baseline.get("simulated") is not None  # a vLLM file cannot say whether its server was simulated
         if known and bool(baseline.get("simulated")) != bool(current.get("simulated")):
-            inconclusive.append("one run is simulated and the other is not; compare like with like")
+            blocking.append("one run is simulated and the other is not; compare like with like")
         n = int(get(baseline, "requests.succeeded") or get(baseline, "completed") or 0)
         if n < tol.min_requests:
-            inconclusive.append(f"the baseline run has {n} succeeded requests (< --min-requests "
-                                f"{tol.min_requests}); run longer or at a higher rate")
-        if deltas:
-            for key, d in deltas.items():
-                if d["status"] == "regressed":
-                    pct = "" if d["change_pct"] is None else f" ({d['change_pct']:+.1f}%)"
-                    reasons.append(f"{key} {num(d['baseline'])} -> {num(d['current'])}{pct}, limit {d['limit']}")
+            (soft if with_intervals else blocking).append(
+                f"the baseline run has {n} succeeded requests (< --min-requests {tol.min_requests}); run longer "
+                "or at a higher rate")
+        for key, d in (deltas or {}).items():
+            pct = "" if d["change_pct"] is None else f" ({d['change_pct']:+.1f}%)"
+            if d["status"] == "regressed":
+                reasons.append(f"{key} {num(d['baseline'])} -> {num(d['current'])}{pct}, " + (
+                    f"change interval {_interval(d)} past the limit {d['limit']}" if "change_low" in d
+                    else f"limit {d['limit']}"))
+            elif d["status"] == "unsure":
+                soft.append(f"{key} {num(d['baseline'])} -> {num(d['current'])}{pct}: change interval "
+                            f"{_interval(d)} against the limit {d['limit']}: {d['settle']}")
+    if succeeded == 0 and judging:  # nothing succeeded: the one line naming why comes first, SLOs or not
+        return "INCONCLUSIVE", blocking + soft + reasons
     if failed:
-        return "FAIL", reasons + inconclusive
-    if inconclusive:
-        return "INCONCLUSIVE", inconclusive + reasons
+        return "FAIL", reasons + blocking + soft
+    if blocking:
+        return "INCONCLUSIVE", blocking + soft + reasons
     if reasons:
-        return "FAIL", reasons
+        return "FAIL", reasons + soft
+    if soft:
+        return "INCONCLUSIVE", soft
     if not judging:
         return None, ["no --compare and no --slo: nothing to judge"]
-    passed = (["every SLO met"] if slo_results else []) + (["no metric regressed beyond its limit"]
-                                                          if baseline is not None else [])
+    passed = (["every SLO met"] if slo_results else []) + (
+        ["every figure's change interval lies inside its limit" if with_intervals else
+         "no metric regressed beyond its limit"] if baseline is not None else [])
     return "PASS", passed
+
+
+def baseline_runs(data: Any) -> list[dict[str, Any]] | None:
+    """The per-request samples of each run of an `oculis bench run --save` file (None: a vLLM file or a
+    file saved before runs were kept)."""
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if isinstance(runs, list) and runs and all(isinstance(r, dict) and "outcome" in r for r in runs):
+        return runs
+    return None
 
 
 def comparison_rows(doc: dict[str, Any]) -> list[tuple[str, Any, Any, Any, Any, str]]:
@@ -394,16 +479,25 @@ def comparison_rows(doc: dict[str, Any]) -> list[tuple[str, Any, Any, Any, Any, 
 
 
 def fmt(v: Any, nd: int = 1) -> str:
-    if v is None:
-        return "-"
-    return f"{v:,.{nd}f}" if isinstance(v, float) else str(v)
+    """A figure of the table: `-` when absent (figures.text), whole numbers as they are."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    return figure_text(v, f",.{nd}f")
 
 
 def table_cells(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """(columns, rows) of the comparison table as text, as the CLI and the HTML report print it: metrics
-    with no value in either run left out, shares and cost to 3 decimals, errors whole."""
+    with no value in either run left out, shares and cost to 3 decimals, errors whole. A comparison with
+    samples adds the change's 95 % interval and the noise floor (the figure's standard deviation between
+    the baseline's repeated runs; `-` when it ran once); a saved run repeated alone adds its noise floor."""
     compare = doc.get("baseline") is not None
-    cols = ["metric", *(["baseline"] if compare else []), "current", *(["delta", ""] if compare else [])]
+    deltas = doc.get("delta") or {}
+    intervals = compare and any("change_low" in d for d in deltas.values())
+    floor = doc.get("noise_floor") or {}
+    noise_col = intervals or (not compare and any(v is not None for v in floor.values()))
+    cols = ["metric", *(["baseline"] if compare else []), "current", *(["delta"] if compare else []),
+            *(["95% interval"] if intervals else []), *(["noise sd"] if noise_col else []),
+            *([""] if compare else [])]
     rows = []
     for k, b, c, ch, pct, status in comparison_rows(doc):
         if c is None and b is None:
@@ -411,7 +505,16 @@ def table_cells(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         nd = 3 if k in ("goodput_share", "error_rate", "cost_per_1k_requests") else 0 if k == "errors" else 1
         cells = [k, *([fmt(b, nd)] if compare else []), fmt(c, nd)]
         if compare:
-            cells += ["-" if ch is None else f"{ch:+,.{nd}f}" + ("" if pct is None else f" ({pct:+.1f}%)"), status]
+            cells += ["-" if ch is None else f"{ch:+,.{nd}f}" + ("" if pct is None else f" ({pct:+.1f}%)")]
+        d = deltas.get(k, {})
+        if intervals:
+            cells.append(f"[{d['change_low']:+,.{nd}f}, {d['change_high']:+,.{nd}f}]" if "change_low" in d
+                         else "-")
+        if noise_col:
+            sd = d.get("noise_sd") if compare else floor.get(k)
+            cells.append(fmt(sd, nd))
+        if compare:
+            cells.append(status)
         rows.append(cells)
     return cols, rows
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from oculis import Route
 from oculis.router_upstream import Upstream
+from oculis_measure.figures import absent, share
 from oculis_measure.route import cascade
 
 if TYPE_CHECKING:
@@ -237,7 +238,8 @@ def summarise(results: list[Result], tier_order: list[str], tolerance_pp: float)
         rs = [r for r in results if r.tier == name]
         row: dict[str, Any] = {"name": name, "n": len(rs)}
         if not rs:
-            row.update(accuracy=None, baseline_accuracy=None, delta_pp=None, escalated=0.0, verdict=None)
+            row.update(accuracy=None, baseline_accuracy=None, delta_pp=None, verdict=None,
+                       escalated=absent("no item started at this tier"))  # a share of none: not 0 %
             tiers.append(row)
             continue
         p = paired(rs)
@@ -265,7 +267,8 @@ def summarise(results: list[Result], tier_order: list[str], tolerance_pp: float)
                     "delta_pp": round(p.delta_pp, 2), "ci_pp": list(p.ci_pp), "mcnemar_p": round(p.p_value, 4),
                     "verdict": overall_v, "reason": why, "tolerance_pp": tolerance_pp,
                     "escalated": escalated,
-                    "escalation_rate": round(escalated / escalatable, 4) if escalatable else 0.0,
+                    "escalation_rate": share(escalated, escalatable, "no request started below the strongest tier",
+                                             4),
                     "escalation_denominator": f"{escalatable} requests that started below the strongest tier"},
         "tiers": tiers,
     }
@@ -329,8 +332,10 @@ def oracle_cascade(route: Route, upstreams: Mapping[str, Upstream], results: Seq
     # the printed formula at the printed (average) p_esc, for a reader who checks the table by hand
     mean = cascade.report(shown, [dataclasses.replace(r, p_esc=None) for r in requests], "", "")
     rep["total"]["cascade_cost_at_mean_p_esc"] = mean["total"]["cascade_cost"]
-    for row, m in zip(rep["tiers"], mean["tiers"], strict=True):
+    for i, (row, m) in enumerate(zip(rep["tiers"], mean["tiers"], strict=True)):
         row["cascade_cost_at_mean_p_esc"] = m["cascade_cost"]
+        if row["p_esc"] is not None and not arrived_at[i]:  # an error rate over no answer is no rate (figures.py)
+            row["p_esc"] = absent("no item reached this tier")
     n = len(results)
     rep["accuracy"] = {"routed": round(sum(r.correct for r in results) / n, 4),
                        "cascade": round(sum(finals) / n, 4),

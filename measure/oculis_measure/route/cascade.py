@@ -34,8 +34,11 @@ from typing import Any
 
 from oculis import Pricing, Route
 from oculis.router_upstream import Upstream
+from oculis_measure.figures import share
 from oculis_router.answer_check import ANSWER_REASONS, SELF_HOSTED, Grading, replaceable, verifier_for
 from oculis_router.usage import Usage, cost_dollars
+
+NO_REQUESTS = "no request in the window"
 
 VERIFIER_WHY = ("$0: the logprob check reads the logprobs the engine returns with its answer (no extra call); "
                 "the route has no escalation.on_answer.verifier")
@@ -169,8 +172,8 @@ def report(tiers: Sequence[Tier], requests: Sequence[Request], p_source: str, to
     t_only, t_casc = sum(only), sum(casc)
     rows = [{"tier": t.name, "upstream": t.upstream, "priced": priced(t.pricing),
              "p_esc": round(t.p_esc, 4) if i < last else None,
-             "routed_requests": round(routed[i], 2), "routed_share": round(routed[i] / total, 4) if total else 0.0,
-             "final_share": round(final[i] / total, 4) if total else 0.0,
+             "routed_requests": round(routed[i], 2), "routed_share": share(routed[i], total, NO_REQUESTS, 4),
+             "final_share": share(final[i], total, NO_REQUESTS, 4),
              "routed_only_cost": round(only[i], 10), "cascade_cost": round(casc[i], 10)}
             for i, t in enumerate(tiers)]
     graders = [t.grader for t in tiers[:-1] if t.grader is not None]

@@ -18,6 +18,7 @@ from typing import Any
 from oculis import Pricing, Route
 from oculis.router_upstream import Upstream
 from oculis_measure.cost.core import VERIFIER_TIER, Cell, Counters, cells, reprice
+from oculis_measure.figures import share
 from oculis_measure.route import cascade
 
 MONTH_DAYS = 30
@@ -116,7 +117,7 @@ def table(route: Route, c: Counters, pricing: dict[str, Pricing], window_seconds
         baseline += base
         upstreams = sorted({x.upstream for x in xs}) or [t.upstream for t in route.tiers if t.name == name]
         row = {"tier": name, "upstream": ",".join(upstreams), "requests": round(n), "answered": round(answered),
-               "share": round(n / total_requests, 4) if total_requests else 0.0,
+               "share": share(n, total_requests, "no request in the window", 4),
                "avg_cost": round(cost / n, 10) if n else None, "cost": round(cost, 10),
                "est_monthly": round(cost * scale, 10)}
         if total_routed:

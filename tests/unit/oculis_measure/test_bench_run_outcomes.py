@@ -20,6 +20,7 @@ from oculis_measure.bench.stats import (
     summarize,
     verdict,
 )
+from oculis_measure.figures import Absent, known
 
 WARMUP, DURATION = 1.0, 8.0
 FP = {"profile": "chat", "dataset_hash": "sha256:a", "seed": 42, "route": "r", "duration_s": DURATION,
@@ -50,7 +51,7 @@ class Case:
     results: list[RequestResult]
     window_s: float
     requests_per_s: float
-    error_rate: float
+    error_rate: float | None  # None: no request ended, so there is no error rate
     verdict_with_slo: str | None
     verdict_without: str | None
 
@@ -62,13 +63,15 @@ CASES = [
     Case("all_fail", run((16, "failed"), took=0.01), 8.0, 0.0, 1.0, "INCONCLUSIVE", "INCONCLUSIVE"),
     # cut at the drain timeout (2 s after the planned end): the run lasted until the cut
     Case("all_cancelled", [req(i, WARMUP + i, "cancelled", took=WARMUP + DURATION + 2 - (WARMUP + i))
-                           for i in range(8)], 10.0, 0.0, 0.0, "INCONCLUSIVE", "INCONCLUSIVE"),
+                           for i in range(8)], 10.0, 0.0, None, "INCONCLUSIVE", "INCONCLUSIVE"),
     # QA2 #6a: a p95 over 3 samples is no verdict
     Case("too_few", run((3, "ok")), 8.0, 3 / 8.0, 0.0, "INCONCLUSIVE", None),
     # QA2 #6b: the 18 slowest were cut at the drain; the 30 fast ones alone would pass. The last request was
-    # sent 8 * 47/48 s after the warm-up and ended 3 s later: the window reaches that end.
+    # sent 8 * 47/48 s after the warm-up and ended 3 s later: the window reaches that end. The cut ones were
+    # in flight 3 s, a lower bound of their TTFT: the p95 is at least 3 s and the SLO is certainly missed
+    # (issue 31: figures that are optimistic and still fail are a FAIL); with nothing to judge, too much cut.
     Case("mostly_cut", run((30, "ok"), (18, "cancelled"), took=3.0), DURATION * 47 / 48 + 3.0,
-         30 / (DURATION * 47 / 48 + 3.0), 0.0, "INCONCLUSIVE", "INCONCLUSIVE"),
+         30 / (DURATION * 47 / 48 + 3.0), 0.0, "FAIL", "INCONCLUSIVE"),
 ]
 
 
@@ -80,7 +83,8 @@ def test_windows_and_denominators_and_verdicts_on_too_little_data(case: Case) ->
     assert m["duration_s"] == pytest.approx(case.window_s)
     assert m["requests_per_s"] == pytest.approx(case.requests_per_s)
     assert m["goodput_rps"] <= m["requests_per_s"] + 1e-12  # never more good requests than succeeded ones
-    assert m["error_rate"] == pytest.approx(case.error_rate)
+    assert (m["error_rate"] if known(m["error_rate"]) else None) == (
+        None if case.error_rate is None else pytest.approx(case.error_rate))
     tol = Tolerances()
     slos = check_slos(m, parse_slos("ttft_p95<1s"))
     assert verdict(m, FP, slos, None, None, None, tol)[0] == case.verdict_with_slo
@@ -106,7 +110,10 @@ def test_any_run_outcomes_keep_the_window_rates_and_verdict_honest(spec: list[tu
     n = m["requests"]
     assert n["succeeded"] + n["failed"] + n["cancelled"] == n["measured"]
     assert m["requests_per_s"] * win["window_s"] == pytest.approx(n["succeeded"])
-    assert 0.0 <= m["error_rate"] <= 1.0
+    if n["succeeded"] + n["failed"]:
+        assert 0.0 <= m["error_rate"] <= 1.0
+    else:  # a share over no ended request does not exist (figures.py): never 0 %
+        assert isinstance(m["error_rate"], Absent)
     v, _ = verdict(m, FP, check_slos(m, parse_slos("ttft_p95<1s")), None, None, None, Tolerances())
     too_little = n["succeeded"] < 20 or (n["measured"] and n["cancelled"] / n["measured"] > 0.05)
     if too_little:

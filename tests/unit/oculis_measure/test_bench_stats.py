@@ -18,6 +18,7 @@ from oculis_measure.bench.stats import (
     summarize,
     verdict,
 )
+from oculis_measure.figures import Absent
 from oculis_measure.inputs import InputError
 
 # ---- SLOs ------------------------------------------------------------------------------------------------
@@ -75,16 +76,17 @@ def test_warmup_is_excluded_and_a_one_token_answer_has_no_tpot() -> None:
     rs = [ok(0, 0.1, 0.1, 1), ok(1, 5.0, 9.0, 10, warmup=True)]
     m = summarize(rs, 1.0)
     assert m["requests"] == {"measured": 1, "succeeded": 1, "failed": 0, "cancelled": 0, "warmup_excluded": 1}
-    assert m["tpot_ms"]["p50"] is None and m["ttft_ms"]["p50"] == pytest.approx(100)
+    assert isinstance(m["tpot_ms"], Absent) and m["ttft_ms"]["p50"] == pytest.approx(100)
 
 
-def test_goodput_counts_errors_as_bad_and_leaves_cancelled_out() -> None:
+def test_goodput_counts_errors_and_requests_cut_at_the_drain_as_missed() -> None:
     slos = parse_slos("ttft_p95<200ms,e2e_p99<=1s")
     rs = [ok(0, 0.1, 0.5, 5), ok(1, 0.3, 0.5, 5),  # good; ttft too slow
           ok(2, 0.1, 1.0, 5),  # e2e exactly 1 s meets <=
           RequestResult(3, 3.0, error="http_503"), RequestResult(4, 4.0, cancelled=True)]
     m = summarize(rs, 2.0, slos=slos)
-    assert m["goodput_share"] == pytest.approx(2 / 4)  # 2 good of 3 succeeded + 1 failed
+    # 2 good of 3 succeeded + 1 failed + 1 cut: a run cannot look better by stalling more
+    assert m["goodput_share"] == pytest.approx(2 / 5)
     assert m["goodput_rps"] == pytest.approx(1.0)
     assert m["errors"] == 1 and m["errors_by_kind"] == {"http_503": 1} and m["error_rate"] == pytest.approx(0.25)
     assert m["requests"]["cancelled"] == 1
