@@ -46,6 +46,10 @@ CONTEXT_TOKENS = 128  # earlier turns contribute at most this many pieces
 MEDIA_PART_TOKENS = 765
 MEDIA_PARTS = ("image_url", "input_audio", "file")
 NO_TEXT = "no text"
+# Below this many word pieces the kind guard does not judge: a bag of pieces says little about the kind of
+# a one-line turn ("hi", "What is 2+2?"), and the head's score stands (the cheapest tier, as before the
+# guard). No arenahard prompt is this short, so the guard's measured chat figures are unaffected.
+GUARD_MIN_PIECES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +93,7 @@ class Head:
 
     def in_evidence(self, ids: NDArray[np.int64]) -> bool:
         """Whether the prompt is of a kind the head was shown to rank better than a coin."""
-        if self.guard_weights is None or not len(ids):
+        if self.guard_weights is None or len(ids) < GUARD_MIN_PIECES:
             return True
         return float(self.guard_weights[ids].mean(dtype=np.float64)) + self.guard_bias >= 0
 
@@ -116,12 +120,13 @@ class Head:
             )
 
 
-def coin(text: str, context: str = "") -> float:
+def coin(text: str) -> float:
     """A complexity for a prompt the head has no evidence on: uniform in [0, 1] over prompts and fixed per
     prompt (a digest, not a draw: retries and replicas route alike). Sending the prompts at or above any
     threshold to the strong model is then a coin at every strong-call share: APGR 0.5 in expectation, never
-    the below-random ranking the head's length signal gives open-ended chat."""
-    digest = hashlib.blake2b(f"{len(context)}:{context}{text}".encode("utf-8", "surrogatepass"),
+    the below-random ranking the head's length signal gives open-ended chat. Of the last turn only, as the
+    head's score is mostly: a long earlier conversation does not re-draw it."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"),
                              digest_size=8, person=b"oculis-coin").digest()
     return int.from_bytes(digest, "big") / 2**64
 
@@ -221,7 +226,7 @@ class ComplexityClassifier:
             raw = h.raw(p.ids, p.n_len)
         else:  # media only: the length signal alone, the embedding at its training mean
             raw = np.full(len(h.biases), (1 - h.blend) * (math.log1p(p.unreadable) - h.len_mu) / h.len_sd)
-        complexity = float(h.complexity(raw[:1])[0]) if h.in_evidence(p.ids) else coin(text, context)
+        complexity = float(h.complexity(raw[:1])[0]) if h.in_evidence(p.ids) else coin(text)
         return Classification(round(complexity, 4), round(h.confidence(raw, p.unk), 4), p.total)
 
 
