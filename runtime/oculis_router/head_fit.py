@@ -232,14 +232,21 @@ def fit_head(base: Head, suite: Suite, penalty: float = PENALTY, seed: int = 0) 
 def save_head(head: Head, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    arrays: dict[str, Any] = {
+        "token_weights": head.token_weights.astype(np.float16), "biases": head.biases, "len_mu": head.len_mu,
+        "len_sd": head.len_sd, "emb_mu": head.emb_mu, "emb_sd": head.emb_sd, "blend": head.blend,
+        "knots": head.knots, "spread_ref": head.spread_ref, **{f"meta_{k}": v for k, v in head.meta.items()},
+        **_guard(head)}
     with tmp.open("wb") as f:  # a router watching the path never sees half a file
-        np.savez_compressed(
-            f, token_weights=head.token_weights.astype(np.float16), biases=head.biases, len_mu=head.len_mu,
-            len_sd=head.len_sd, emb_mu=head.emb_mu, emb_sd=head.emb_sd, blend=head.blend, knots=head.knots,
-            spread_ref=head.spread_ref, **{f"meta_{k}": v for k, v in head.meta.items()},
-            **({} if head.guard_weights is None else {"guard_weights": head.guard_weights.astype(np.float16),
-                                                       "guard_bias": np.float64(head.guard_bias)}))
+        np.savez_compressed(f, **arrays)
     tmp.replace(path)
+
+
+def _guard(head: Head) -> dict[str, NDArray[Any]]:
+    """The head's kind guard as arrays to save (none for a head without one)."""
+    if head.guard_weights is None:
+        return {}
+    return {"guard_weights": head.guard_weights.astype(np.float16), "guard_bias": np.asarray(head.guard_bias)}
 
 
 def head_digest(path: Path) -> str:

@@ -83,8 +83,8 @@ def suite_lines() -> list[dict[str, object]]:
                                         if long else "which is right?")
         lines.append({"prompt": question + "\nA. the first\nB. the second\nC. the third\nD. the fourth\nAnswer:",
                       "kind": "qa", "outcomes": {"small": not long, "big": True}})
-        chat = f"hey there, this is chat number {i}: " + ("tell me a story about my cat and her long afternoon naps " * 6
-                                                          if long else "hi, how are you?")
+        story = "tell me a story about my cat and her long afternoon naps " * 6
+        chat = f"hey there, this is chat number {i}: " + (story if long else "hi, how are you?")
         lines.append({"prompt": chat, "kind": "chat", "outcomes": {"small": long, "big": True}})
     return lines
 
