@@ -55,6 +55,7 @@ clean-cluster:
 # comes without its sentence-transformers/torch dependency, training/minilm_np.py runs the encoder).
 classifier: train-deps
 	$(PY) training/train_classifier.py
+	$(PY) training/kind_guard.py
 
 # What retraining needs, also what the classifier's reproduction tests need (.ci/run installs it, so they
 # run there rather than skip).

@@ -13,7 +13,11 @@ the fold's rows is the suite, and the rest is scored; figures are the mean over 
 draws, with a 95% bootstrap interval (test prompts resampled within each fold). Fold 4 was kept out of
 every choice of the fit (penalty, pull), so it is also shown alone.
 
-    .venv/bin/python bench/classifier_quality.py [--boot 300] [--curve-only]
+    .venv/bin/python bench/classifier_quality.py [--boot 300] [--curve-only] [--kinds-only]
+
+With --kinds-only (or in full): the per-kind table of the shipped head, then the kind guard's table
+(training/kind_guard.py): before/after APGR with 95% intervals per kind, open-ended chat (arenahard) over
+eight weak/strong pairs, every row scored by a guard that never saw its kind.
 """
 
 from __future__ import annotations
@@ -162,6 +166,20 @@ def per_kind(rows: list, oof: np.ndarray, boot: int) -> None:
               f"{cells[0] + ' ' + verdict:30} {cells[1]:24} {cells[2]:24}")
 
 
+def guarded_per_kind(boot: int) -> None:
+    """The kind guard (training/kind_guard.py): every kind of the shared data, arenahard's open-ended chat
+    over eight weak/strong pairs included, before and after the guard, each scored by a guard that never
+    saw its kind (scikit-learn: the `train` extra)."""
+    try:
+        import kind_guard
+    except ImportError as exc:
+        print(f"\n(per-kind table with the kind guard skipped: {exc}; `pip install -e '.[train]'`)")
+        return
+    items = kind_guard.load_items()
+    print()
+    kind_guard.report(items, kind_guard.features(items), boot)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--boot", type=int, default=300)
@@ -185,6 +203,7 @@ def main() -> int:
             p = classify.prompt_pieces(r.prompt)
             oof_only.append(head.raw(p.ids, p.n_len)[1 + fold_of_group[r.group]])
         per_kind(rows, np.array(oof_only), args.boot)
+        guarded_per_kind(args.boot)
         return 0
     length, rules, oof, conf = [], [], [], []
     for r in rows:
@@ -224,6 +243,7 @@ def main() -> int:
                 methods["prompt length"][idx], weak[idx], strong[idx], i)
         print(f"paired bootstrap, {d}: Oculis beats prompt length in {wins / args.boot:.0%} of resamples")
     per_kind(rows, methods["oculis (grouped OOF)"], args.boot)
+    guarded_per_kind(args.boot)
     c = np.array(conf)
     low = c < 0.6
     print(f"confidence < 0.6 on {low.mean():.1%} of prompts; weak-model error rate there "

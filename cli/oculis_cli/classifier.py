@@ -4,9 +4,12 @@ The suite is `oculis eval run`'s offline format, one JSON object per line:
 `{"prompt": str}` or `{"messages": [...]}`, `"outcomes": {"<upstream>": true|false, ...}`, and
 optionally `"group"` (a topic or subject: the report then also shows how the head does on topics it
 was not fitted on). The fit starts from the packaged head (or `--base FILE`) and keeps its per-request
-path; it prints cross-validated APGR (RouteLLM's routing quality; random routing 0.5) of the base and
-the fitted head on the suite, with 95% bootstrap intervals. A route uses the head with
-`classifier: {head_path: FILE}`; the router reloads the file when it changes.
+path; it prints cross-validated APGR (RouteLLM's routing quality; random routing 0.5) of the base (as the
+router serves it) and the fitted head on the suite, with 95% bootstrap intervals, and writes the fitted head
+only when it is better by that cross-validation (grouped folds where lines name groups; higher APGR and a
+win in 90% of paired resamples); otherwise it writes the base unchanged, so adapting never makes a route
+worse than the shipped default on the user's own rows (`--no-cv` writes the fitted head unchecked).
+A route uses the head with `classifier: {head_path: FILE}`; the router reloads the file when it changes.
 Exit codes: 0 written, 1 the fit failed, 2 bad arguments or suite (one line naming the problem).
 """
 
@@ -113,16 +116,35 @@ def run_fit(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
                      None if groups is None else np.array(groups))
     penalty = hf.PENALTY if args.penalty is None else args.penalty
     head, final = hf.fit_head(base, suite, penalty)
-    hf.save_head(head, args.out)
     took = time.perf_counter() - t0
-    size = args.out.stat().st_size
     print(f"fitted on {len(payloads)} prompts ({int((strong & ~weak).sum())} where only {args.strong} is right; "
-          f"penalty {final.penalty:g}) in {took:.1f} s; wrote {args.out} ({size // 1024} KiB, "
-          f"sha256 {hf.head_digest(args.out)})", file=out)
-    if not args.no_cv:
-        report(hf, base, suite, penalty, args.boot, out)
+          f"penalty {final.penalty:g}) in {took:.1f} s", file=out)
+    chosen = head
+    if args.no_cv:
+        print("not checked against the base (--no-cv): wrote the fitted head", file=out)
+    else:
+        served = np.array([served_complexity(classify.ComplexityClassifier(base, cache_ttl_seconds=0), p)
+                           for p in payloads])
+        label, scores = report(hf, base, suite, penalty, args.boot, out, served)
+        choice = hf.choose(scores["base"], scores["fitted"], weak.astype(float), strong.astype(float), label,
+                           args.boot)
+        print(choice.reason, file=out)
+        chosen = base if choice.keep_base else head
+    hf.save_head(chosen, args.out)
+    size = args.out.stat().st_size
+    print(f"wrote {args.out} ({size // 1024} KiB, sha256 {hf.head_digest(args.out)}): "
+          f"{'the base head' if chosen is base else 'the fitted head'}", file=out)
     print(use_hint(args.out), file=out)
     return 0
+
+
+def served_complexity(clf: Any, payload: dict[str, Any]) -> float:
+    """The base head's complexity of a suite line as the router serves it (its kind guard included)."""
+    if isinstance(payload.get("messages"), list):
+        return float(clf.score_messages(payload["messages"]).complexity)
+    prompt = payload.get("prompt", "")
+    text = "\n".join(str(p) for p in prompt) if isinstance(prompt, list) else str(prompt)
+    return float(clf.score_text(text).complexity)
 
 
 def use_hint(written: Path) -> str:
@@ -133,15 +155,19 @@ def use_hint(written: Path) -> str:
             "config file's folder)")
 
 
-def report(hf: Any, base: Any, suite: Any, penalty: float, boot: int, out: TextIO) -> None:
+def report(hf: Any, base: Any, suite: Any, penalty: float, boot: int, out: TextIO, served: Any
+           ) -> tuple[str, dict[str, Any]]:
+    """Prints base (as served) vs fitted by cross-validation; returns the scores the choice is made on:
+    grouped folds where lines name groups (new topics), else random folds."""
     z = hf.design(base, suite.pieces)
     w, s = suite.weak.astype(float), suite.strong.astype(float)
     print("cross-validated APGR on this suite (5 folds; random routing 0.5; 95% bootstrap CI):", file=out)
     kinds = [("random folds (this suite's topics)", False)]
     if suite.groups is not None:
         kinds.append((f"grouped folds ({len(set(suite.groups))} groups; new topics)", True))
+    chosen: tuple[str, dict[str, Any]] = ("random-fold", {})
     for label, grouped in kinds:
-        scores = hf.cross_validate(z, suite, grouped, penalty)
+        scores = hf.cross_validate(z, suite, grouped, penalty) | {"base": served}
         ci = hf.bootstrap(scores, w, s, boot)
         print(f"  {label}", file=out)
         for name, sc in scores.items():
@@ -152,3 +178,5 @@ def report(hf: Any, base: Any, suite: Any, penalty: float, boot: int, out: TextI
         if grouped and wins < 0.5:
             print("    on topics left out of the fit the fitted head does worse than the base: use it for traffic "
                   "like the suite, and refit as topics change", file=out)
+        chosen = ("grouped" if grouped else "random-fold", scores)
+    return chosen

@@ -102,9 +102,37 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         from oculis_measure.eval import kinds
 
         rep["kinds"] = kinds.report(core.kind_items(results), route.tiers[0].name, route.tiers[-1].name)
+        rep["decision"] = decide(route, upstreams, results, args.output_tokens, args.tolerance_pp, rep["cascade"])
     code = core.EXIT_CODES[rep["overall"]["verdict"]]
     emit(rep, args.output, stdout, "tiers", render)
     return code
+
+
+def decide(route: Route, upstreams: dict[str, Any], results: list[core.Result], output_tokens: int,
+           tolerance_pp: float, casc: dict[str, Any] | None) -> dict[str, Any]:
+    """Fetches each row's costs by the router's formula and hands them to the pure decision."""
+    from oculis_measure.eval import decision
+
+    tiers, _ = cascade.tiers_for(route, upstreams, 0.0, False)
+    rows = []
+    for r in results:
+        if r.complexity is None or not r.outcomes or r.outcomes[0] is None:
+            continue
+        req = cascade.Request(r.tier_index, r.prompt_tokens, output_tokens)
+        rows.append(decision.Row(r.complexity, bool(r.outcomes[0]), r.baseline_correct, r.correct,
+                                 cascade.attempt(tiers[0], req), cascade.attempt(tiers[-1], req),
+                                 cascade.attempt(tiers[r.tier_index], req), r.kind))
+    first, last = route.tiers[0].upstream, route.tiers[-1].upstream
+    same = _model(upstreams, first) if first == last or _model(upstreams, first) == _model(upstreams, last) else None
+    checked = route.escalation.on_answer is not None and casc is not None and casc.get("accuracy")
+    pair = (float(casc["accuracy"]["cascade"]), float(casc["total"]["cascade_cost"])) if checked and casc else None
+    return decision.decide(rows, tolerance_pp, same, pair)
+
+
+def _model(upstreams: dict[str, Any], name: str) -> str | None:
+    up = upstreams.get(name)
+    model = getattr(up, "model", None) if up is not None else None
+    return str(model) if model else name
 
 
 def offline_results(route: Route, items: list[core.Item], config_path: Path | None = None
@@ -204,6 +232,8 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
     out.line(f"verdict {o['verdict']}: {o['reason']}", stdout)
     if rep.get("kinds"):
         render_kinds(rep["kinds"], stdout)
+    if rep.get("decision"):
+        render_decision(rep["decision"], stdout)
     casc = rep.get("cascade")
     if casc is not None:
         stdout.write(out.cascade_text(casc))
@@ -230,3 +260,22 @@ def render_kinds(k: dict[str, Any], stdout: TextIO) -> None:
              "random routing: APGR 0.500, CPT(50%) 0.500", stdout)
     out.table(None, cols, rows, stdout, right=cols[1:7])
     out.line(f"routing {k['verdict']}: {k['reason']}", stdout)
+
+
+def _cell(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def render_decision(d: dict[str, Any], stdout: TextIO) -> None:
+    """The alternatives' cost at matched quality and the verdict line (oculis_measure.eval.decision)."""
+    if d["alternatives"]:
+        unit = d.get("cost_unit", "$")
+        cols = ["alternative", "accuracy", f"cost ({unit})", "strong share"]
+        rows = [[a["name"], _cell(a["accuracy"], ".3f"), _cell(a["cost"], ".4f" if unit == "$" else ".0f"),
+                 _cell(a["strong_share"], ".1%")] for a in d["alternatives"]]
+        out.line(f"cost at matched quality ({d['rows']} rows with both tiers' outcomes; `-`: the suite cannot give it)",
+                 stdout)
+        out.table(None, cols, rows, stdout, right=cols[1:])
+    for c in d["caveats"]:
+        out.line(f"note: {c}", stdout)
+    out.line(d["line"], stdout)

@@ -46,6 +46,10 @@ CONTEXT_TOKENS = 128  # earlier turns contribute at most this many pieces
 MEDIA_PART_TOKENS = 765
 MEDIA_PARTS = ("image_url", "input_audio", "file")
 NO_TEXT = "no text"
+# Below this many word pieces the kind guard does not judge: a bag of pieces says little about the kind of
+# a one-line turn ("hi", "What is 2+2?"), and the head's score stands (the cheapest tier, as before the
+# guard). No arenahard prompt is this short, so the guard's measured chat figures are unaffected.
+GUARD_MIN_PIECES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,11 @@ class Head:
     knots: NDArray[np.float64]  # raw-score quantiles at 0, 0.01, ..., 1
     spread_ref: float  # 90th percentile of fold disagreement (in complexity) on training prompts
     meta: dict[str, Any]
+    # The kind guard (training/kind_guard.py): one weight per piece and a bias; a prompt whose mean weight
+    # plus bias is below 0 is of a kind the head has no evidence for, and gets `coin` as its complexity.
+    # None: no guard (heads fitted on a user's own outcomes, which are that user's evidence).
+    guard_weights: NDArray[np.float32] | None = None
+    guard_bias: float = 0.0
 
     def raw(self, ids: NDArray[np.int64], n_pieces: int) -> NDArray[np.float64]:
         """Uncalibrated scores of the final head (index 0) and of each fold head."""
@@ -82,6 +91,12 @@ class Head:
         out: NDArray[np.float64] = np.interp(raw, self.knots, np.linspace(0.0, 1.0, len(self.knots)))
         return out
 
+    def in_evidence(self, ids: NDArray[np.int64]) -> bool:
+        """Whether the prompt is of a kind the head was shown to rank better than a coin."""
+        if self.guard_weights is None or len(ids) < GUARD_MIN_PIECES:
+            return True
+        return float(self.guard_weights[ids].mean(dtype=np.float64)) + self.guard_bias >= 0
+
     def confidence(self, raw: NDArray[np.float64], unknown_share: float) -> float:
         """High when the fold heads (each blind to some topics) agree on the complexity and the
         prompt's pieces are known; 0.6 is crossed by about 10% of training prompts."""
@@ -93,13 +108,27 @@ class Head:
         with np.load(path, allow_pickle=False) as z:
             scalars = {k: float(z[k]) for k in ("len_mu", "len_sd", "emb_mu", "emb_sd", "blend", "spread_ref")}
             meta = {k.removeprefix("meta_"): str(z[k]) for k in z.files if k.startswith("meta_")}
+            guard = "guard_weights" in z.files
             return cls(
                 token_weights=z["token_weights"].astype(np.float32),
                 biases=z["biases"].astype(np.float64),
                 knots=z["knots"].astype(np.float64),
                 meta=meta,
+                guard_weights=z["guard_weights"].astype(np.float32) if guard else None,
+                guard_bias=float(z["guard_bias"]) if guard else 0.0,
                 **scalars,
             )
+
+
+def coin(text: str) -> float:
+    """A complexity for a prompt the head has no evidence on: uniform in [0, 1] over prompts and fixed per
+    prompt (a digest, not a draw: retries and replicas route alike). Sending the prompts at or above any
+    threshold to the strong model is then a coin at every strong-call share: APGR 0.5 in expectation, never
+    the below-random ranking the head's length signal gives open-ended chat. Of the last turn only, as the
+    head's score is mostly: a long earlier conversation does not re-draw it."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"),
+                             digest_size=8, person=b"oculis-coin").digest()
+    return int.from_bytes(digest, "big") / 2**64
 
 
 def data_path(name: str) -> Path:
@@ -197,7 +226,7 @@ class ComplexityClassifier:
             raw = h.raw(p.ids, p.n_len)
         else:  # media only: the length signal alone, the embedding at its training mean
             raw = np.full(len(h.biases), (1 - h.blend) * (math.log1p(p.unreadable) - h.len_mu) / h.len_sd)
-        complexity = float(h.complexity(raw[:1])[0])
+        complexity = float(h.complexity(raw[:1])[0]) if h.in_evidence(p.ids) else coin(text)
         return Classification(round(complexity, 4), round(h.confidence(raw, p.unk), 4), p.total)
 
 

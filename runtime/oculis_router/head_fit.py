@@ -232,12 +232,21 @@ def fit_head(base: Head, suite: Suite, penalty: float = PENALTY, seed: int = 0) 
 def save_head(head: Head, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    arrays: dict[str, Any] = {
+        "token_weights": head.token_weights.astype(np.float16), "biases": head.biases, "len_mu": head.len_mu,
+        "len_sd": head.len_sd, "emb_mu": head.emb_mu, "emb_sd": head.emb_sd, "blend": head.blend,
+        "knots": head.knots, "spread_ref": head.spread_ref, **{f"meta_{k}": v for k, v in head.meta.items()},
+        **_guard(head)}
     with tmp.open("wb") as f:  # a router watching the path never sees half a file
-        np.savez_compressed(
-            f, token_weights=head.token_weights.astype(np.float16), biases=head.biases, len_mu=head.len_mu,
-            len_sd=head.len_sd, emb_mu=head.emb_mu, emb_sd=head.emb_sd, blend=head.blend, knots=head.knots,
-            spread_ref=head.spread_ref, **{f"meta_{k}": v for k, v in head.meta.items()})
+        np.savez_compressed(f, **arrays)
     tmp.replace(path)
+
+
+def _guard(head: Head) -> dict[str, NDArray[Any]]:
+    """The head's kind guard as arrays to save (none for a head without one)."""
+    if head.guard_weights is None:
+        return {}
+    return {"guard_weights": head.guard_weights.astype(np.float16), "guard_bias": np.asarray(head.guard_bias)}
 
 
 def head_digest(path: Path) -> str:
@@ -303,3 +312,34 @@ def paired_wins(a: FloatArray, b: FloatArray, weak: FloatArray, strong: FloatArr
         total += 1
         wins += apgr(a[idx], weak[idx], strong[idx], i) > apgr(b[idx], weak[idx], strong[idx], i)
     return wins / max(total, 1)
+
+
+# The fitted head replaces the base only when it wins this share of paired resamples of the user's rows:
+# adaptation must not make a route worse than the shipped default on the user's own evidence.
+WIN_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class Choice:
+    keep_base: bool
+    base_apgr: float
+    fitted_apgr: float
+    wins: float  # share of paired resamples where the fitted head's APGR is higher
+    reason: str
+
+
+def choose(base: FloatArray, fitted: FloatArray, weak: FloatArray, strong: FloatArray, folds: str,
+           n_boot: int = 300) -> Choice:
+    """Base (as served) vs fitted (out-of-fold) on the same rows: the fitted head is taken only when its
+    APGR is higher and it wins at least WIN_SHARE of paired resamples; otherwise the base is kept."""
+    a, b = apgr(base, weak, strong), apgr(fitted, weak, strong)
+    if math.isnan(a) or math.isnan(b):
+        return Choice(True, a, b, 0.0, "the weak and the strong model are equally good on these rows: nothing to "
+                                       "learn; kept the base")
+    wins = paired_wins(fitted, base, weak, strong, n_boot)
+    if b > a and wins >= WIN_SHARE:
+        return Choice(False, a, b, wins, f"the fitted head is better by {folds} cross-validation (APGR {b:.3f} vs "
+                                         f"the base's {a:.3f}, higher in {wins:.0%} of paired resamples): wrote it")
+    return Choice(True, a, b, wins, f"the fitted head is not shown better by {folds} cross-validation (APGR {b:.3f} "
+                                    f"vs the base's {a:.3f}, higher in {wins:.0%} of paired resamples, needs "
+                                    f"{WIN_SHARE:.0%}): kept the base, wrote it unchanged")

@@ -15,8 +15,11 @@ from prometheus_client import generate_latest
 from router_support import Fakes, RouterHandle
 from time_scale import Deadline
 
-LONG = ("This question refers to the following information. " + "In 1215 the barons compelled King John to seal a "
-        "charter that limited royal power and protected legal procedures. " * 30 + "Which best explains why?")
+# A long multiple-choice question: a kind the head has evidence for (MMLU-like), so its length sends it up.
+# (A long prompt of a kind it has none for, e.g. open-ended chat, gets the kind guard's coin: classify.coin.)
+LONG = ("Which of the following is a consequence of the second law of thermodynamics for a heat engine operating "
+        "between two reservoirs?\nA. Its efficiency can reach 100%\nB. Its efficiency is bounded by the Carnot "
+        "efficiency\nC. It needs no cold reservoir\nD. Entropy of the universe decreases\nAnswer:") * 4
 
 
 def chat(router: RouterHandle, content: str, **kw: Any) -> Any:

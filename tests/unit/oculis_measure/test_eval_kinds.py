@@ -72,14 +72,20 @@ def test_a_suite_line_kind_is_read_and_a_bad_one_refused() -> None:
 
 
 def suite_lines() -> list[dict[str, object]]:
-    """The packaged head scores long prompts as more complex. On `qa` the long prompts are the ones the
-    small model fails (the head is right); on `chat` it is the short ones (the head is backwards)."""
+    """`qa` is multiple choice, a kind the packaged head has evidence for: it scores the long questions as
+    more complex, and they are the ones the small model fails (the head is right). `chat` is open-ended
+    chat, where the head has none: its kind guard gives each prompt a coin, so a head that would rank chat
+    backwards (the short turns are the ones the small model fails here) routes it like a random split."""
     lines = []
     for i in range(40):
         long = i % 2 == 0
-        text = f"question {i}: " + ("explain the derivation of the result in full detail " * 12 if long else "hi")
-        lines.append({"prompt": text, "kind": "qa", "outcomes": {"small": not long, "big": True}})
-        lines.append({"prompt": "chat " + text, "kind": "chat", "outcomes": {"small": long, "big": True}})
+        question = f"Question {i}: " + ("which statement explains the derivation of the result in full detail? " * 6
+                                        if long else "which is right?")
+        lines.append({"prompt": question + "\nA. the first\nB. the second\nC. the third\nD. the fourth\nAnswer:",
+                      "kind": "qa", "outcomes": {"small": not long, "big": True}})
+        story = "tell me a story about my cat and her long afternoon naps " * 6
+        chat = f"hey there, this is chat number {i}: " + (story if long else "hi, how are you?")
+        lines.append({"prompt": chat, "kind": "chat", "outcomes": {"small": long, "big": True}})
     return lines
 
 
@@ -98,12 +104,13 @@ def test_eval_run_reports_apgr_per_kind_and_warns_naming_the_kind(tmp_path: Path
     rows = {r["kind"]: r for r in rep["rows"]}
     assert set(rows) == {"qa", "chat", "all"} and rep["weak_tier"] == "cheap" and rep["strong_tier"] == "strong"
     assert rows["qa"]["verdict"] == "OK" and rows["qa"]["apgr"] > 0.7 and rows["qa"]["ci"][0] > 0.5
-    assert rows["chat"]["verdict"] == "WARN" and rows["chat"]["apgr"] < 0.3 and rows["chat"]["cpt50"] > 0.5
+    # a coin, not the head's backwards ranking: the interval reaches 0.5 from both sides
+    assert rows["chat"]["verdict"] == "WARN" and rows["chat"]["ci"][0] < 0.5 < rows["chat"]["ci"][1]
     assert rep["verdict"] == "WARN" and "on chat" in rep["reason"] and "on qa" not in rep["reason"]
     main(["eval", "run", "--config", str(cfg), "--route", "r", "--suite", str(suite)])
     text = capsys.readouterr().out
     assert "routing quality per kind: cheap (cheapest) vs strong (strongest)" in text
-    assert "routing WARN: not better than random on chat (worse than random: APGR" in text
+    assert "routing WARN: not better than random on chat (not better than random: APGR" in text
 
 
 def test_status_check_deps_repeats_the_warning_for_a_route_with_a_suite(tmp_path: Path,
@@ -114,7 +121,7 @@ def test_status_check_deps_repeats_the_warning_for_a_route_with_a_suite(tmp_path
     checks = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["section"] == "routing"]
     by_name = {c["name"]: c for c in checks}
     assert by_name["route r routes better than random on chat"]["status"] == "WARN"
-    assert "worse than random" in by_name["route r routes better than random on chat"]["detail"]
+    assert "not better than random" in by_name["route r routes better than random on chat"]["detail"]
     assert by_name["route r routes better than random on qa"]["status"] == "PASS"
     main(["status", "--check-deps", "--config", str(cfg), "--suite", "r", "--kubeconfig", str(tmp_path / "none"),
           "-o", "json"])

@@ -118,6 +118,7 @@ def test_cli_fits_reports_base_vs_fitted_and_the_route_serves_the_head(
     assert rc == 0, out
     assert "random folds" in out and "grouped folds (4 groups" in out and "fitted beats base" in out
     assert "classifier: {head_path:" in out
+    assert "the fitted head is better by grouped cross-validation" in out and ": the fitted head" in out
     # A standalone config names it relative to the config file.
     cfg = tmp_path / "oculis-config.yaml"
     cfg.write_text(yaml.safe_dump({"oculis": {
