@@ -145,6 +145,7 @@ async def scrape(http: aiohttp.ClientSession, r: Replica) -> None:
     except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError):
         return  # keep the last figures; the in-flight count still steers
     r.gauges = gauges
+    r.scraped_in_flight = r.in_flight  # the gauges' excess over it is load this router did not send
     if block_size:
         r.block_size, r.kv_blocks = block_size, blocks
     if lora is not None:
