@@ -150,6 +150,7 @@ class Picker:
         self.memory = PrefixMemory()
         self.index = KVIndex(block_size)
         self.turn = 0
+        self.last = ""  # the id of the last load-decided pick (ties rotate from it)
         self.mean_uncached = 0.0  # running mean of uncached prompt tokens per pick (what a waiting request costs)
         self.mean_context = 0.0  # running mean of prompt + expected output per pick (what a running request reads)
         self.picks = 0
@@ -222,9 +223,30 @@ class Picker:
         adapter = req.adapter is not None and self.lora_affinity  # sticky to the adapter until saturated
         key = [((adapter and ranks[r.id] == 2) or self.saturated(r, req.prompt_tokens, req), ranks[r.id],
                 self.wait(r, req.prompt_tokens)) for r in cands]
+        return self._rotate(cands, key)
+
+    def _rotate(self, cands: Sequence[ReplicaState], key: Sequence[tuple[bool, int, float]],
+                hits: dict[str, int] | None = None) -> ReplicaState:
+        """The best-scored replica, where every replica within two decode steps of the best counts as tied,
+        and ties go round-robin (the next after the last pick, in id order). Each replica's wait is known to
+        within one step: the router cannot see where in its step an engine is (a request joins at the next
+        step boundary), and its queue count drops only when a first token arrives, at the end of a step. So
+        two waits differ by more than noise only past two steps; taking the strict minimum instead herds a
+        burst onto the replica whose queue just emptied, i.e. whose step just began (4 replicas at 90 % load,
+        50-token answers: TTFT p50 34.0 ms against round-robin's 30.3). Among equals, rotation spaces each
+        replica's arrivals as evenly as round-robin does. `hits` (prefix strategies): among the tied, the
+        longest cached prefix first (sticky until its holder's wait is two steps past the best), then
+        rotation among equal hits."""
         best = min(key)
-        tied = [r for r, k in zip(cands, key, strict=True) if k == best]
-        return tied[0] if len(tied) == 1 else self.rng.choice(tied)
+        tol = 2 * min(self.step(r) for r in cands)
+        tied = [r for r, k in zip(cands, key, strict=True) if k[:2] == best[:2] and k[2] <= best[2] + tol]
+        if hits:
+            most = max(hits.get(r.id, 0) for r in tied)
+            tied = [r for r in tied if hits.get(r.id, 0) == most]
+        after = [r for r in tied if r.id > self.last]
+        choice = after[0] if after else tied[0]
+        self.last = choice.id
+        return choice
 
     def saturated(self, r: ReplicaState, uncached: int, req: PickRequest) -> bool:
         """Admitting `req` would exceed r's own capacity: its sequence slots or its KV tokens."""
@@ -288,15 +310,7 @@ class Picker:
         # wait there (load.wait), its cached prefix taken off its own prefill. A cached prefix therefore
         # holds the request exactly while the prefill it saves outweighs the extra work queued on its
         # holder; where nothing is shared every replica's wait is its load, and this is `least-loaded`.
-        best: tuple[bool, int, float] | None = None
-        chosen: list[ReplicaState] = []
-        for r in cands:
-            key = (sat[r.id], ranks[r.id], self.wait(r, uncached_of[r.id]))
-            if best is None or key < best:
-                best, chosen = key, [r]
-            elif key == best:
-                chosen.append(r)
-        r = chosen[0] if len(chosen) == 1 else self.rng.choice(chosen)
+        r = self._rotate(cands, [(sat[c.id], ranks[c.id], self.wait(c, uncached_of[c.id])) for c in cands], hits)
         hit = hits.get(r.id, 0)
         if hit == 0 or hit < max(hits.get(c.id, 0) for c in cands):
             reason: Reason = "load"  # not the longest cached prefix: load decided

@@ -58,8 +58,10 @@ def test_random_and_round_robin_are_deterministic_and_skip_draining() -> None:
 
 def test_least_loaded_uses_router_count_and_scraped_gauges() -> None:
     p = Picker("least-loaded")
-    rs = [ReplicaState("a", in_flight=5), ReplicaState("b", in_flight=1, running=4, waiting=3),
-          ReplicaState("c", in_flight=2, running=2)]
+    # without scraped_in_flight the gauges are a floor of the router's counts: b's 3 waiting requests queue
+    # prefill (at the mean prompt) ahead of a new one; a and c queue the prefill the router counts there
+    rs = [ReplicaState("a", in_flight=5, queued_tokens=5), ReplicaState("b", in_flight=1, running=4, waiting=3),
+          ReplicaState("c", in_flight=2, running=2, queued_tokens=2)]
     assert p.pick(req([1]), rs).replica == "c"  # type: ignore[union-attr]  # a: 5, b: max(1, 7) = 7, c: 2
 
 
@@ -78,8 +80,10 @@ def test_ties_go_to_the_less_loaded_replica() -> None:
     p = Picker("prefix", block_size=BS)
     for r in ("a", "b", "c"):
         p.memory.remember(r, block_hashes(PREFIX, BS), None)
-    rs = [ReplicaState("a", in_flight=3, block_size=BS), ReplicaState("b", in_flight=1, block_size=BS),
-          ReplicaState("c", in_flight=2, block_size=BS)]
+    # token-aware load: each in-flight request still has 50 prompt tokens to prefill there
+    rs = [ReplicaState("a", in_flight=3, queued_tokens=150, block_size=BS),
+          ReplicaState("b", in_flight=1, queued_tokens=50, block_size=BS),
+          ReplicaState("c", in_flight=2, queued_tokens=100, block_size=BS)]
     assert p.pick(req([*PREFIX, 9]), rs).replica == "b"  # type: ignore[union-attr]
     # no prefix anywhere: the least loaded
     assert p.pick(req([7, 7, 7, 7, 7]), rs).replica == "b"  # type: ignore[union-attr]
