@@ -13,7 +13,6 @@ from oculis_router.picking import STRATEGIES, Strategy
 from oculis_sim import config
 from oculis_sim.workload import Workload
 
-
 # Each pick scores every replica and each replica is a whole simulated engine: past this a run takes minutes
 # per request batch (QA3 #8: 100,000 replicas printed nothing for minutes). A slice of a larger fleet with
 # its share of the traffic gives the same per-replica figures.

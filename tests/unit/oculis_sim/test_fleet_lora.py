@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from oculis_sim.fleetlora import draw
 from oculis_sim import config, fleet, workload
 from oculis_sim.cli import main
-from oculis_sim.fleetlora import Slots
+from oculis_sim.fleetlora import Slots, draw
 from oculis_sim.lora import LOAD_S
 
 
