@@ -46,7 +46,6 @@ from oculis_router.picking import (
     approx_token_ids,
     block_hashes,
     chat_parts,
-    expected_uncached,
     holders,
 )
 
@@ -68,8 +67,6 @@ class Replica:
     queued_tokens: int = 0
     context_tokens: int = 0  # prompt + expected output of the in-flight calls: what their decode steps read
     scraped_in_flight: int | None = None  # in_flight when the gauges were read: their excess is others' load
-    hit_share: float = 0.0  # the engine's prefix-cache hits / queries over the last scrape interval
-    prefix_seen: tuple[float, float] | None = None  # its vllm:prefix_cache_queries/hits_total then
     gauges: dict[str, float] = field(default_factory=dict)  # waiting, running, kv_usage (scrape.py)
     kv_blocks: int | None = None
     block_size: int | None = None
@@ -91,8 +88,7 @@ class Replica:
                             ready=aside_ok or self.aside_until <= now, draining=self.draining,
                             context_tokens=self.context_tokens, adapters=self.adapters, lora_running=lora.running,
                             lora_waiting=lora.waiting, in_flight_adapters=frozenset(+self.in_flight_adapters),
-                            max_loras=lora.max_loras, scraped_in_flight=self.scraped_in_flight,
-                            hit_share=self.hit_share)
+                            max_loras=lora.max_loras, scraped_in_flight=self.scraped_in_flight)
 
 
 class AdapterMissing(Exception):
@@ -289,8 +285,6 @@ class Pool:
         assert p is not None  # at least one state is eligible
         r = self.replicas[p.replica]
         cached = min(p.cached_blocks * bs, req.prompt_tokens)
-        if self.strategy not in PREFIX_STRATEGIES:  # cache-blind: the engine's recent hit share is the estimate
-            cached = req.prompt_tokens - expected_uncached(r.state(now, True), req.prompt_tokens)
         tokens = req.prompt_tokens - cached + req.expected_output_tokens
         r.in_flight += 1
         r.in_flight_tokens += tokens

@@ -96,8 +96,7 @@ def engine_figures(text: str) -> tuple[dict[str, float], int | None, int | None,
     are `vllm:lora_requests_info`'s latest label set (vLLM keeps every set it has shown, each valued at the
     time it last held); None without it (no --enable-lora)."""
     names = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
-             "vllm:kv_cache_usage_perc": "kv_usage", "vllm:gpu_cache_usage_perc": "kv_usage",
-             "vllm:prefix_cache_queries_total": "prefix_queries", "vllm:prefix_cache_hits_total": "prefix_hits"}
+             "vllm:kv_cache_usage_perc": "kv_usage", "vllm:gpu_cache_usage_perc": "kv_usage"}
     gauges: dict[str, float] = {}
     block_size = blocks = None
     lora: tuple[float, dict[str, str]] | None = None
@@ -147,11 +146,6 @@ async def scrape(http: aiohttp.ClientSession, r: Replica) -> None:
         return  # keep the last figures; the in-flight count still steers
     r.gauges = gauges
     r.scraped_in_flight = r.in_flight  # the gauges' excess over it is load this router did not send
-    seen = (gauges.get("prefix_queries", 0.0), gauges.get("prefix_hits", 0.0))
-    if r.prefix_seen is not None and seen[0] > r.prefix_seen[0] and seen[1] >= r.prefix_seen[1]:
-        r.hit_share = (seen[1] - r.prefix_seen[1]) / (seen[0] - r.prefix_seen[0])  # this interval's share
-    if r.prefix_seen is None or seen[0] != r.prefix_seen[0]:  # a quiet interval keeps the last share
-        r.prefix_seen = seen
     if block_size:
         r.block_size, r.kv_blocks = block_size, blocks
     if lora is not None:

@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from oculis_router.picking import (
-    PREFIX_STRATEGIES,
     BlockRemoved,
     BlockStored,
     EventBatch,
@@ -54,7 +53,7 @@ _UNIQUE = 1 << 50  # picker-side keys for blocks nobody shares (the engine keys 
 class _Replica:
     __slots__ = ("adapters", "busy", "context", "core", "gen", "id", "in_flight", "in_flight_tokens", "kv",
                  "lora", "lora_seen", "queued_tokens", "requests", "res", "run", "running", "scraped_in_flight",
-                 "seen", "share", "waiting")
+                 "waiting")
 
     def __init__(self, rid: str, core: EngineCore) -> None:
         self.id = rid
@@ -72,8 +71,6 @@ class _Replica:
         self.running = 0.0
         self.kv = 0.0
         self.scraped_in_flight = 0  # the router's own count when the gauges were read
-        self.seen = (0, 0)  # the engine's prefix-cache queries and hits at the last scrape
-        self.share = 0.0  # its hit share over the last scrape interval
         self.lora = Slots(1)  # its LoRA slots (run() sets max_loras)
         self.lora_seen: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())  # as last scraped
         self.adapters: Counter[str] = Counter()  # adapters of the router's calls in flight there
@@ -166,7 +163,6 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
     seqs = settings.max_num_seqs
     prefill_s, context_s, step_s = token_costs(fleet[0].core)
     budget = settings.max_num_batched_tokens
-    blind_cache = strategy not in PREFIX_STRATEGIES  # it counts prompts less the engines' recent hit share
     arrivals = wl.arrivals.tolist()
     prompts = wl.prompt_tokens.tolist()
     outputs = wl.output_tokens.tolist()
@@ -227,7 +223,7 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
                              lora_running=r.lora_seen[0], lora_waiting=r.lora_seen[1],
                              in_flight_adapters=frozenset(r.adapters), max_loras=max_loras if served else None,
                              scraped_in_flight=r.scraped_in_flight, step_s=step_s, max_num_batched_tokens=budget,
-                             hit_share=r.share)
+)
                 for r in fleet]
 
     next_scrape = float(arrivals[0]) if n else 0.0
@@ -256,11 +252,7 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
             r = fleet[int(pick.replica.rsplit("-", 1)[1])]
             if adapter is not None:
                 r.adapters[adapter] += 1
-            # what the router expects the engine to prefill: less what the picker knows cached there, or, for
-            # a cache-blind strategy, the share the engine has lately found cached
             uncached = max(p - pick.cached_blocks * block, 1)
-            if blind_cache:
-                uncached = max(1, p - int(p * r.share))
             need = uncached + expect
             r.in_flight += 1
             r.in_flight_tokens += need
@@ -332,10 +324,6 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
                 r.running = float(len(sched.running))
                 r.kv = sched.usage()
                 r.scraped_in_flight = r.in_flight
-                c = r.core.counters
-                dq, dh = c.prefix_queries - r.seen[0], c.prefix_hits - r.seen[1]
-                if dq > 0:  # an interval with no prompt keeps the last share
-                    r.share, r.seen = dh / dq, (c.prefix_queries, c.prefix_hits)
                 r.lora_seen = r.lora.state()
             if i < n or any(r.busy for r in fleet):
                 next_scrape = t + scrape_interval

@@ -29,7 +29,7 @@ Load is work, not requests (`load.py`): every load-aware strategy scores a repli
 wait there (prefill queued ahead plus its own uncached prefill, in token-budget steps each reading the
 replica's context), from the router's counts at dispatch plus the gauges' excess over its count at the
 scrape (`scraped_in_flight`); waits within two decode steps of the best are ties, taken in rotation.
-Optional facts sharpen it: `step_s`, `max_num_batched_tokens`, `hit_share` (ReplicaState) and a
+Optional facts sharpen it: `step_s`, `max_num_batched_tokens` (ReplicaState) and a
 `session` key (PickRequest: the OpenAI `user` field or a header) for affinity before a prefix is known.
 Determinism: the same seed, states and calls give the same picks. `picker.py` documents the strategies
 and the saturation and TTFT guards; `hashing.py` what is hashed when the router has only text; `events.py` vLLM's
@@ -65,12 +65,11 @@ from oculis_router.picking.picker import (
     Reason,
     ReplicaState,
     Strategy,
-    expected_uncached,
 )
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "PREFIX_STRATEGIES", "STRATEGIES", "AllBlocksCleared", "BlockRemoved", "BlockStored",
     "EventBatch", "EventFormatError", "KVEvent", "KVIndex", "LoraSlots", "Pick", "PickRequest", "Picker",
     "PrefixMemory", "Reason", "ReplicaState", "Slot", "Strategy", "adapter_root", "approx_token_ids", "block_hashes",
-    "chat_parts", "chat_token_ids", "expected_uncached", "from_wire", "holders", "slot", "slots_from_labels", "to_wire",
+    "chat_parts", "chat_token_ids", "from_wire", "holders", "slot", "slots_from_labels", "to_wire",
 ]

@@ -99,9 +99,6 @@ class ReplicaState:
     scraped_in_flight: int | None = None
     step_s: float | None = None  # seconds of a decode step that reads no context (weights)
     max_num_batched_tokens: int | None = None
-    # the engine's prefix-cache hit share over the last scrape interval (vllm:prefix_cache_hits_total /
-    # queries): what a cache-blind strategy expects a prompt to find cached there
-    hit_share: float = 0.0
 
     @property
     def eligible(self) -> bool:
@@ -133,13 +130,6 @@ class Pick:
     cached_blocks: int  # leading blocks of the prompt the picker believes the chosen replica holds
     strategy: Strategy  # the strategy asked for
     slot: Slot | None = None  # a request for an adapter: what the chosen replica's LoRA slots meant for it
-
-
-def expected_uncached(r: ReplicaState, prompt: int) -> int:
-    """A dispatched prompt's tokens r is expected to prefill, for a strategy that does not track prefixes: less
-    the share its engine found cached of late (`hit_share`); at least one token (the engine computes one).
-    The shells count a cache-blind pick's queued prefill so."""
-    return max(1, prompt - int(prompt * min(max(r.hit_share, 0.0), 1.0)))
 
 
 class Picker:
@@ -230,9 +220,9 @@ class Picker:
         ranks = self.slot_ranks(req, cands)
         adapter = req.adapter is not None and self.lora_affinity  # sticky to the adapter until saturated
         # the request's own prefill is its whole prompt on every replica: a cache-blind strategy cannot know
-        # where its prefix is, and crediting a replica's recent hit share here fed on itself (the replica
-        # that hit most got more of every group: 2 replicas, 1k-token prefixes, 3,000-token answers, 90 %
-        # of requests on one). The hit share discounts the prefill already queued (the shell counts it so).
+        # where its prefix is. Crediting the engines' recent prefix-cache hit share (scraped) fed on itself
+        # (2 replicas, 1k-token prefixes, 3,000-token answers: 90 % of requests on one), and discounting the
+        # queued prefill by it made the issue's multi-turn shape worse (TTFT p99 1.9 -> 3.2 s): left out.
         key = [((adapter and ranks[r.id] == 2) or self.saturated(r, req.prompt_tokens, req), ranks[r.id],
                 self.wait(r, req.prompt_tokens)) for r in cands]
         return self._rotate(cands, key)

@@ -120,18 +120,3 @@ def test_the_router_takes_the_session_from_the_openai_user_field_or_the_caller()
     assert pick_request(body, "chat", BS, session="from-header").session == "from-header"
     assert pick_request({**body, "user": 7}, "chat", BS).session is None  # not a string: no session
 
-
-def test_a_cache_blind_pick_expects_the_engines_recent_hit_share_off_the_prompt() -> None:
-    from oculis_router.picking import expected_uncached
-
-    assert expected_uncached(rep("a", hit_share=0.75), 1000) == 250
-    assert expected_uncached(rep("a"), 1000) == 1000
-    assert expected_uncached(rep("a", hit_share=1.0), 1000) == 1  # the engine always computes one token
-    # the share discounts the prefill queued there (the shell's count), never this request's own: the
-    # picker cannot know where its prefix is, and crediting the warm replica herded every group onto it
-    warm = rep("a", queued_tokens=expected_uncached(rep("a", hit_share=0.9), 2000), hit_share=0.9)
-    cold = rep("b", queued_tokens=2000)
-    p = Picker("least-loaded", block_size=BS)
-    assert p.pick(req(list(range(3000))), [cold, warm]).replica == "a"  # type: ignore[union-attr]
-    even = [rep("a", hit_share=0.9), rep("b")]
-    assert {p.pick(req(list(range(3000))), even).replica for _ in range(4)} == {"a", "b"}  # type: ignore[union-attr]
