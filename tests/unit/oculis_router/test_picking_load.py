@@ -77,6 +77,15 @@ def test_a_session_key_guides_affinity_before_a_prefix_is_known_but_never_onto_a
     # the next turn shares nothing the memory knows, yet goes back to the session's replica
     again = p.pick(req(list(range(50_000, 53_500)), session="user-1"), states)
     assert again is not None and again.replica == first.replica and again.cached_blocks > 0
+    # where the picker sees the replica's cache (its memory holds other prompts there) and finds nothing of
+    # this one, the history was evicted: no credit, load decides
+    seen = Picker("prefix", block_size=BS)
+    pick0 = seen.pick(req(list(range(3000)), session="user-2"), states)
+    assert pick0 is not None
+    seen.memory.forget(pick0.replica)
+    seen.memory.remember(pick0.replica, block_hashes(list(range(90_000, 91_000)), BS), None)
+    later = seen.pick(req(list(range(70_000, 73_500)), session="user-2"), states)
+    assert later is not None and later.cached_blocks == 0
     # the session's replica is saturated: the session does not hold the request there
     full = [replace(s, in_flight=64) if s.id == first.replica else s for s in states]
     moved = p.pick(req(list(range(60_000, 63_500)), session="user-1"), full)
