@@ -9,7 +9,8 @@ The sweep (default; bench/picker_sweep.py): replicas 2/4/8/16 x load 30/60/90 % 
 0/128/1k/8k x outputs 50/300/3,000 x Poisson/bursty x single/multi-turn, each cell's TTFT p90/p99 as a
 ratio to the best cache-blind picker, a text heatmap per factor level, each picker's worst cell and the
 default picker (the one whose worst cell is best). Default: a 48-cell Latin hypercube of the 576 cells,
-1,500 requests each (~15 min on one core); --quick 12 cells x 600 (CI size, ~2 min); --full all 576.
+1,000 requests each (10 min on a shared 2-core machine); --quick 12 cells x 600 (CI size, 1.5 min);
+--full all 576 (~2 h). Each cell's p99 is its 10 slowest requests: a few per cent is seed noise.
 
 Scenarios (shapes from ../shared/notes/endpoint-picking.md, rebuilt, not copied):
   a  b2b-saas, llm-d's 73 %-capacity run: Qwen3-32B TP2 on H100 x 8 (310,432 KV tokens each, as llm-d's
@@ -144,7 +145,7 @@ def sweep(args: argparse.Namespace) -> int:
     import picker_sweep as ps  # bench/ is on the path when this file runs
 
     cells = args.cells or (12 if args.quick else 48)
-    requests = args.requests or (600 if args.quick else 1500)
+    requests = args.requests or (600 if args.quick else 1000)
     todo = ps.grid(args.full, cells, seed=0)
     print(f"picker sweep: {len(todo)} cells ({'all' if args.full else 'Latin hypercube of'} 576), {requests} requests "
           f"each, {ps.MODEL} on {ps.GPU}, max_num_seqs {ps.SEQS} -- SIMULATED", flush=True)
@@ -168,7 +169,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="sweep: 12 cells x 600 requests (CI size)")
     ap.add_argument("--full", action="store_true", help="sweep: all 576 cells")
     ap.add_argument("--cells", type=int, default=None, help="sweep: Latin-hypercube cells (default 48)")
-    ap.add_argument("--requests", type=int, default=None, help="sweep: requests per cell (default 1,500)")
+    ap.add_argument("--requests", type=int, default=None, help="sweep: requests per cell (default 1,000)")
     ap.add_argument("--plot", type=Path, default=Path(tempfile.gettempdir()) / "oculis-endpoint-picking.html")
     ap.add_argument("--speed", action="store_true", help="also time one simulated hour at 20 req/s, 8 replicas")
     ap.add_argument("-o", "--output", choices=["text", "json"], default="text")
