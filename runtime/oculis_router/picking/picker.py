@@ -1,5 +1,6 @@
 """The picker: replica states and a request in, a replica and the reason out. Pure apart from its own
-memory (the approximate prefix memory, the KV-event index, the round-robin position and a seeded RNG).
+memory (the approximate prefix memory, the KV-event index, the session keys, the round-robin position, the
+last load-decided pick and a seeded RNG for `random`).
 
 Strategies
 - `random`: uniform over the eligible replicas (seeded).
@@ -215,7 +216,7 @@ class Picker:
     def _least_loaded(self, cands: Sequence[ReplicaState], req: PickRequest) -> ReplicaState:
         # Work, not requests (load.py): the prefill queued ahead of this request and the context each step
         # reads there, from the router's counts as of this very pick (a burst sees each earlier pick) plus
-        # what the gauges add. Exact ties (idle replicas) are drawn at random. An adapter: the replicas
+        # what the gauges add. Waits within two steps of the best rotate (`_rotate`). An adapter: the replicas
         # running it first (within the affinity guard), then those with a free LoRA slot, then the rest.
         ranks = self.slot_ranks(req, cands)
         adapter = req.adapter is not None and self.lora_affinity  # sticky to the adapter until saturated
