@@ -1,8 +1,16 @@
 """Endpoint picking on simulated fleets: every picker side by side, on the traffic where picking the
 replica pays and on the controls where it must not hurt (`oculis sim fleet`, simulated figures).
 
-    .venv/bin/python bench/endpoint_picking.py [--seconds 300] [--scenario a,b,c,d] [--plot FILE.html]
+    .venv/bin/python bench/endpoint_picking.py [--quick | --full] [--cells N] [--requests N]   # the sweep
+    .venv/bin/python bench/endpoint_picking.py --scenario a,b,c,d [--seconds 300] [--plot FILE.html]
                                                [--speed]   # also time one simulated hour, 20 req/s, 8 replicas
+
+The sweep (default; bench/picker_sweep.py): replicas 2/4/8/16 x load 30/60/90 % of capacity x prefix
+0/128/1k/8k x outputs 50/300/3,000 x Poisson/bursty x single/multi-turn, each cell's TTFT p90/p99 as a
+ratio to the best cache-blind picker, a text heatmap per factor level, each picker's worst cell and the
+default picker (the one whose worst cell is best). Default: a 48-cell Latin hypercube of the 576 cells,
+1,000 requests each (10 min on a shared 2-core machine); --quick 12 cells x 600 (CI size, 1.5 min);
+--full all 576 (~2 h). Each cell's p99 is its 10 slowest requests: a few per cent is seed noise.
 
 Scenarios (shapes from ../shared/notes/endpoint-picking.md, rebuilt, not copied):
   a  b2b-saas, llm-d's 73 %-capacity run: Qwen3-32B TP2 on H100 x 8 (310,432 KV tokens each, as llm-d's
@@ -133,14 +141,41 @@ def speed() -> None:
           f"{wall:.1f} s wall, {cpu:.1f} s CPU on one core; goal < 60 s wall: {'MET' if wall < 60 else 'MISSED'}")
 
 
+def sweep(args: argparse.Namespace) -> int:
+    import picker_sweep as ps  # bench/ is on the path when this file runs
+
+    cells = args.cells or (12 if args.quick else 48)
+    requests = args.requests or (600 if args.quick else 1000)
+    todo = ps.grid(args.full, cells, seed=0)
+    print(f"picker sweep: {len(todo)} cells ({'all' if args.full else 'Latin hypercube of'} 576), {requests} requests "
+          f"each, {ps.MODEL} on {ps.GPU}, max_num_seqs {ps.SEQS} -- SIMULATED", flush=True)
+    results = []
+    for k, c in enumerate(todo, 1):
+        results.append(ps.run_cell(c, requests, STRATEGIES))
+        r = results[-1]
+        print(f"  [{k}/{len(todo)}] {c.label}: " + ", ".join(f"{n} {r['ratio_p90'][n]:.2f}/{r['ratio_p99'][n]:.2f}"
+                                                              for n in STRATEGIES), file=sys.stderr, flush=True)
+    lines, _ = ps.report(results)
+    if args.output == "json":
+        print(json.dumps(results, indent=2))
+    print("\n".join(lines))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=300, help="simulated seconds of arrivals per scenario")
-    ap.add_argument("--scenario", default="a,b,c,d")
+    ap.add_argument("--scenario", default="", help="named scenarios (a,b,c,d) instead of the sweep")
+    ap.add_argument("--quick", action="store_true", help="sweep: 12 cells x 600 requests (CI size)")
+    ap.add_argument("--full", action="store_true", help="sweep: all 576 cells")
+    ap.add_argument("--cells", type=int, default=None, help="sweep: Latin-hypercube cells (default 48)")
+    ap.add_argument("--requests", type=int, default=None, help="sweep: requests per cell (default 1,000)")
     ap.add_argument("--plot", type=Path, default=Path(tempfile.gettempdir()) / "oculis-endpoint-picking.html")
     ap.add_argument("--speed", action="store_true", help="also time one simulated hour at 20 req/s, 8 replicas")
     ap.add_argument("-o", "--output", choices=["text", "json"], default="text")
     args = ap.parse_args()
+    if not args.scenario:
+        return sweep(args)
     wanted = set(args.scenario.split(","))
     outdir = Path(tempfile.gettempdir()) / "oculis-endpoint-picking"
     outdir.mkdir(exist_ok=True)

@@ -161,6 +161,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--report", action="store_true", help="only the cross-validated per-kind table")
     ap.add_argument("--boot", type=int, default=300)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder holding the head to add the guard to (default: the packaged head)")
     args = ap.parse_args()
     items = load_items()
     x = features(items)
@@ -168,8 +170,11 @@ def main() -> int:
         report(items, x, args.boot)
         return 0
     w, b = fit_guard(x, items, np.arange(len(items)))
-    write_guard(w, b, classify.model_file(classify.DEFAULT_MODEL))
-    print(f"guard written into {classify.model_file(classify.DEFAULT_MODEL)}")
+    target = classify.model_file(classify.DEFAULT_MODEL)
+    if args.out is not None:
+        target = args.out / target.name
+    write_guard(w, b, target)
+    print(f"guard written into {target}")
     return 0
 
 

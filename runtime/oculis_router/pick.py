@@ -66,6 +66,7 @@ class Replica:
     in_flight_tokens: int = 0
     queued_tokens: int = 0
     context_tokens: int = 0  # prompt + expected output of the in-flight calls: what their decode steps read
+    scraped_in_flight: int | None = None  # in_flight when the gauges were read: their excess is others' load
     gauges: dict[str, float] = field(default_factory=dict)  # waiting, running, kv_usage (scrape.py)
     kv_blocks: int | None = None
     block_size: int | None = None
@@ -88,7 +89,7 @@ class Replica:
                             ready=aside_ok or self.aside_until <= now, draining=self.draining,
                             context_tokens=self.context_tokens, adapters=self.adapters, lora_running=lora.running,
                             lora_waiting=lora.waiting, in_flight_adapters=frozenset(+self.in_flight_adapters),
-                            max_loras=lora.max_loras)
+                            max_loras=lora.max_loras, scraped_in_flight=self.scraped_in_flight)
 
 
 class AdapterMissing(Exception):
@@ -173,14 +174,22 @@ class Tokenized:
 
 def pick_request(body: dict[str, Any], endpoint: str, block_size: int, hashed: bool = True,
                  adapter: str | None = None, tokens: ModelTokens | None = None,
-                 tokenized: Tokenized | None = None) -> PickRequest:
+                 tokenized: Tokenized | None = None, session: str | None = None) -> PickRequest:
     """The request as the picker sees it: the token ids of its prompt, their chained block hashes (an
     adapter's apart from the base model's, as vLLM keeps them), its expected output and its LoRA adapter.
     With the upstream's `tokens` (its `tokenizer`) the ids are the model's own, chat template applied as
     vLLM does (`model_tokens.py`), so they equal real vLLM's KV events; without, or when the template
     cannot render the request, approximate ids (the same rendering the engine simulator counts). Without
     `hashed` (strategies that ignore prefixes) the prompt is only sized, at ~4 characters a token: hashing
-    a 6,000-token prompt costs ~7 ms of the event loop, which only the prefix strategies repay."""
+    a 6,000-token prompt costs ~7 ms of the event loop, which only the prefix strategies repay.
+    `session`: the conversation's key (a header the caller read); without it the body's OpenAI `user` field."""
+    if session is None and isinstance(body.get("user"), str) and body["user"]:
+        session = body["user"]
+    return replace(_pick_request(body, endpoint, block_size, hashed, adapter, tokens, tokenized), session=session)
+
+
+def _pick_request(body: dict[str, Any], endpoint: str, block_size: int, hashed: bool, adapter: str | None,
+                  tokens: ModelTokens | None, tokenized: Tokenized | None) -> PickRequest:
     chat = endpoint == "chat" or "messages" in body
     if (tokens is not None or tokenized is not None) and hashed:
         ids = tokenized.ids if tokenized is not None else tokens.ids(body, chat) if tokens is not None else None

@@ -149,6 +149,7 @@ async def scrape(http: aiohttp.ClientSession, r: Replica) -> bool:
     except ValueError:
         return True  # answered, with a page that is not Prometheus text
     r.gauges = gauges
+    r.scraped_in_flight = r.in_flight  # the gauges' excess over it is load this router did not send
     if block_size:
         r.block_size, r.kv_blocks = block_size, blocks
     if lora is not None:

@@ -233,11 +233,14 @@ def load_workload(path: Path) -> Workload:
     from oculis_sim import workload
 
     try:
-        return workload.load(path)
+        wl = workload.load(path)
     except InputError as exc:  # already names --workload and the file
         raise config.SimConfigError(str(exc)) from None
     except workload.WorkloadError as exc:
         raise config.SimConfigError(f"--workload {path}: {exc}") from None
+    for note in wl.warnings:
+        print(f"oculis sim: warning: --workload {path}: {note}", file=sys.stderr)
+    return wl
 
 
 def run_replay(args: argparse.Namespace) -> int:

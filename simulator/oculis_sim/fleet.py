@@ -29,7 +29,15 @@ from typing import Any
 import numpy as np
 
 from oculis_measure.figures import Absent, absent, rate, ratio, share
-from oculis_router.picking import BlockRemoved, BlockStored, EventBatch, Picker, PickRequest, ReplicaState, Strategy
+from oculis_router.picking import (
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    Picker,
+    PickRequest,
+    ReplicaState,
+    Strategy,
+)
 from oculis_sim import decoderun
 from oculis_sim.config import Settings
 from oculis_sim.engine import EngineCore, StepResult
@@ -45,7 +53,8 @@ _UNIQUE = 1 << 50  # picker-side keys for blocks nobody shares (the engine keys 
 
 class _Replica:
     __slots__ = ("adapters", "busy", "context", "core", "gen", "id", "in_flight", "in_flight_tokens", "kv",
-                 "lora", "lora_seen", "queued_tokens", "requests", "res", "run", "running", "waiting")
+                 "lora", "lora_seen", "queued_tokens", "requests", "res", "run", "running", "scraped_in_flight",
+                 "waiting")
 
     def __init__(self, rid: str, core: EngineCore) -> None:
         self.id = rid
@@ -62,6 +71,7 @@ class _Replica:
         self.waiting = 0.0  # as last scraped
         self.running = 0.0
         self.kv = 0.0
+        self.scraped_in_flight = 0  # the router's own count when the gauges were read
         self.lora = Slots(1)  # its LoRA slots (run() sets max_loras)
         self.lora_seen: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())  # as last scraped
         self.adapters: Counter[str] = Counter()  # adapters of the router's calls in flight there
@@ -104,9 +114,10 @@ def weighted_stats_ms(values: np.ndarray, weights: np.ndarray) -> dict[str, floa
             "p99": round(float(pct[2]), 3)}
 
 
-def token_costs(core: EngineCore) -> tuple[float, float]:
+def token_costs(core: EngineCore) -> tuple[float, float, float]:
     """The replica's marginal step-time costs, read off its own step-time model: seconds per prefilled token
-    (a long prefill, compute-bound) and per context token a decode step reads (a large batch)."""
+    (a long prefill, compute-bound), per context token a decode step reads (a large batch), and the fixed
+    part of a step (one request decoding with no context: the weights read once a step)."""
     step = core.cost.step_seconds
 
     def prefill(n: int) -> float:
@@ -115,7 +126,7 @@ def token_costs(core: EngineCore) -> tuple[float, float]:
     def decode(c: int, b: int = 64) -> float:
         return step(0, 0.0, b, b * (c + 0.5), b * c, b)
 
-    return (prefill(8192) - prefill(4096)) / 4096, (decode(8192) - decode(4096)) / (64 * 4096)
+    return (prefill(8192) - prefill(4096)) / 4096, (decode(8192) - decode(4096)) / (64 * 4096), decode(0, 1)
 
 
 def _events(log: list[tuple[bool, object]], ts: float, block: int) -> EventBatch:
@@ -154,10 +165,15 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
     limit = settings.max_model_len
     kv_blocks = settings.num_blocks
     seqs = settings.max_num_seqs
-    prefill_s, context_s = token_costs(fleet[0].core)
+    prefill_s, context_s, step_s = token_costs(fleet[0].core)
+    budget = settings.max_num_batched_tokens
     arrivals = wl.arrivals.tolist()
     prompts = wl.prompt_tokens.tolist()
     outputs = wl.output_tokens.tolist()
+    # a user's requests (a conversation, or a client repeating its prompt) carry one session key, as the
+    # OpenAI `user` field would: the picker's affinity hint before any prefix is known
+    users = wl.prompt_ids.tolist() if wl.prompt_ids is not None else None
+    groups = wl.prefix_groups.tolist() if wl.prefix_groups is not None else None
     n = len(arrivals)
     rec: TokenRecorder[_Rec] = TokenRecorder(n, cost.per_token_s, cost.finish_s)
     heap: list[tuple[float, int, int, Any]] = []
@@ -209,7 +225,9 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
                              context_tokens=r.context, kv_blocks=kv_blocks, block_size=block, max_num_seqs=seqs,
                              prefill_token_s=prefill_s, context_token_s=context_s, adapters=served,
                              lora_running=r.lora_seen[0], lora_waiting=r.lora_seen[1],
-                             in_flight_adapters=frozenset(r.adapters), max_loras=max_loras if served else None)
+                             in_flight_adapters=frozenset(r.adapters), max_loras=max_loras if served else None,
+                             scraped_in_flight=r.scraped_in_flight, step_s=step_s, max_num_batched_tokens=budget,
+)
                 for r in fleet]
 
     next_scrape = float(arrivals[0]) if n else 0.0
@@ -232,7 +250,8 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
                 unique += rest
             expect = round(mean_out)
             adapter = lora_of[i] if lora_of is not None else None
-            pick = picker.pick(PickRequest(hashes, p, expect, adapter), states())
+            session = None if users is None else f"{groups[i] if groups is not None else 0}/{users[i]}"
+            pick = picker.pick(PickRequest(hashes, p, expect, adapter, session), states())
             assert pick is not None  # every simulated replica is ready
             r = fleet[int(pick.replica.rsplit("-", 1)[1])]
             if adapter is not None:
@@ -308,6 +327,7 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
                 r.waiting = float(len(sched.waiting))
                 r.running = float(len(sched.running))
                 r.kv = sched.usage()
+                r.scraped_in_flight = r.in_flight
                 r.lora_seen = r.lora.state()
             if i < n or any(r.busy for r in fleet):
                 next_scrape = t + scrape_interval

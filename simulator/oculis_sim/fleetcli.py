@@ -14,6 +14,11 @@ from oculis_router.picking import STRATEGIES, Strategy
 from oculis_sim import config
 from oculis_sim.workload import Workload
 
+# Each pick scores every replica and each replica is a whole simulated engine: past this a run takes minutes
+# per request batch (QA3 #8: 100,000 replicas printed nothing for minutes). A slice of a larger fleet with
+# its share of the traffic gives the same per-replica figures.
+MAX_REPLICAS = 1024
+
 
 def pickers(raw: str) -> list[Strategy]:
     names = [p.strip() for p in raw.split(",") if p.strip()]
@@ -23,6 +28,9 @@ def pickers(raw: str) -> list[Strategy]:
                                         "(or a comma-separated list of them)")
     if not names:
         raise config.SimConfigError(f"--picker {raw!r}: empty; use one of {', '.join(STRATEGIES)}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # the same picker twice would print the same row twice, at twice the time
+        raise config.SimConfigError(f"--picker {raw!r}: {twice[0]} is named more than once; name each picker once")
     return cast(list[Strategy], names)
 
 
@@ -49,6 +57,10 @@ def run_fleet(args: argparse.Namespace, settings_from: Callable[[argparse.Namesp
     names = pickers(args.picker)
     if args.replicas < 1:
         raise config.SimConfigError(f"--replicas {args.replicas}: must be a positive integer")
+    if args.replicas > MAX_REPLICAS:
+        raise config.SimConfigError(f"--replicas {args.replicas}: at most {MAX_REPLICAS:,} (every pick scores every "
+                                    "replica, and each holds a whole engine); simulate a slice of the fleet with its "
+                                    "share of the traffic instead")
     if not args.scrape_interval > 0:
         raise config.SimConfigError(f"--scrape-interval {args.scrape_interval}: must be a positive number of seconds")
     if args.lora_adapters < 0:

@@ -55,6 +55,7 @@ class Workload:
     max_concurrency: int | None
     prefix_groups: np.ndarray | None = None  # which prefix each request starts with (None: one for all)
     prompt_ids: np.ndarray | None = None  # which fixed prompt of its group a request repeats (None: all unique)
+    warnings: tuple[str, ...] = ()  # keys that parse but change nothing (the CLI prints them)
 
     def __len__(self) -> int:
         return len(self.arrivals)
@@ -199,6 +200,11 @@ def parse(data: Any) -> Workload:
     if per_group is not None and (isinstance(per_group, bool) or not isinstance(per_group, int) or per_group < 1):
         raise WorkloadError(f"prompts_per_group: {per_group!r} must be a positive integer (fixed prompts per group)")
 
+    notes: tuple[str, ...] = ()
+    if n_groups > 1 and shared == 0 and per_group is None:  # QA3 #7: groups of an empty prefix share nothing
+        notes = (f"prefix_groups: {n_groups} has no effect without shared_prefix_tokens (the groups' prefix "
+                 "length, 0 here); add shared_prefix_tokens: N, or use prefix_groups: {count, tokens}",)
+
     def grouped(n: int) -> np.ndarray | None:
         return rng.integers(0, n_groups, n) if n_groups > 1 else None
     if "requests" in data:
@@ -229,7 +235,7 @@ def parse(data: Any) -> Workload:
         groups = grouped(len(reqs))
         # prompt_tokens are after the shared prefix here too (one meaning: see the module docstring)
         return Workload(arrivals[order], prompts[order] + shared, outputs[order], shared, conc,
-                        groups[order] if groups is not None else None)
+                        groups[order] if groups is not None else None, warnings=notes)
     for key in ("prompt_tokens", "output_tokens", "stages"):
         if key not in data:
             raise WorkloadError(f"{key}: missing (or give explicit `requests`)")
@@ -248,7 +254,7 @@ def parse(data: Any) -> Workload:
         return Workload(arrivals, prompts + shared, outputs, shared, conc, pick // per_group, pick % per_group)
     prompts = _draw("prompt_tokens", data["prompt_tokens"], n, rng)
     outputs = _draw("output_tokens", data["output_tokens"], n, rng)
-    return Workload(arrivals, prompts + shared, outputs, shared, conc, grouped(n))
+    return Workload(arrivals, prompts + shared, outputs, shared, conc, grouped(n), warnings=notes)
 
 
 def load(path: Path, what: str = "--workload") -> Workload:

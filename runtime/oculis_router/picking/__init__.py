@@ -25,6 +25,12 @@ prefix, or the prefix holder was saturated),
 `fallback` (kv-events scored a silent replica from the approximate memory), `random`, `round-robin`. A request
 for a LoRA adapter (`PickRequest.adapter`) goes only to replicas whose engine lists it (`ReplicaState.adapters`),
 and the load-aware strategies weigh its `maxLoras` slots there (`lora.py`; `pick.slot` says which class).
+Load is work, not requests (`load.py`): every load-aware strategy scores a replica by this request's own
+wait there (prefill queued ahead plus its own uncached prefill, in token-budget steps each reading the
+replica's context), from the router's counts at dispatch plus the gauges' excess over its count at the
+scrape (`scraped_in_flight`); waits within two decode steps of the best are ties, taken in rotation.
+Optional facts sharpen it: `step_s`, `max_num_batched_tokens` (ReplicaState) and a
+`session` key (PickRequest: the OpenAI `user` field or a header) for affinity before a prefix is known.
 Determinism: the same seed, states and calls give the same picks. `picker.py` documents the strategies
 and the saturation and TTFT guards; `hashing.py` what is hashed when the router has only text; `events.py` vLLM's
 KV-event schema; `kvwire.py` its msgpack/ZMQ framing (needs msgpack, the router/sim extras).

@@ -1,35 +1,34 @@
 """The picker: replica states and a request in, a replica and the reason out. Pure apart from its own
-memory (the approximate prefix memory, the KV-event index, the round-robin position and a seeded RNG).
+memory (the approximate prefix memory, the KV-event index, the session keys, the round-robin position, the
+last load-decided pick and a seeded RNG for `random`).
 
 Strategies
 - `random`: uniform over the eligible replicas (seeded).
 - `round-robin`: the next eligible replica in id order.
-- `least-loaded`: the fewest requests (max of the router's in-flight count and the engine's
-  running + waiting), then the fewest context tokens the router has in flight there; remaining ties are
-  drawn at random.
-- `prefix`: the longest prefix the router remembers sending to each replica (approximate), under the
-  saturation guard below.
-- `kv-events`: the longest prefix each engine says it holds (its KV events), under the same guard; a
-  replica that has published nothing is scored from the approximate memory instead (reason `fallback`).
+- `least-loaded`: the least work (`load.py`): this request's own wait on each replica, the prefill queued
+  ahead of it (the router's own not-yet-prefilled prompts, counted at dispatch, plus the waiting requests
+  the gauges show beyond the router's count at the scrape) and its own prefill (less the engine's recent
+  prefix-cache hit share), in token-budget steps each reading the replica's decode context. Waits within
+  two decode steps of the best are ties, taken in rotation (`_rotate`).
+- `prefix`: the same score with each replica's cached prefix (what the router remembers sending there,
+  approximate) taken off this request's prefill there, under the saturation guard below.
+- `kv-events`: the same with the prefix each engine says it holds (its KV events); a replica that has
+  published nothing is scored from the approximate memory instead (reason `fallback`).
 
-Saturation guard ("sticky until saturated"), for both prefix strategies. A replica is saturated for a
-request when admitting it would exceed the replica's own capacity: its KV tokens (router-held tokens or
-the scraped usage, plus this request's uncached prompt and expected output, above `kv_blocks x
-block_size`) or its sequence slots (`max_num_seqs`). Unsaturated replicas come first; among them (or
-among all, when every one is saturated) the picker takes the lowest cost, what the request adds to the
-fleet's time in the replica's own step-time model (`Picker.cost`): its uncached prefill, run after the
-prefill already queued there, which stalls the requests running there as long, plus its decode, which
-reads the replica's context every step and is read by the requests there. So a long cached prefix holds
-a request (its prefill saving is multiplied by everyone it would stall) until the prefill queued there,
-or the decode load of a long answer, outweighs it, and then load decides; ties go to the less loaded
-replica. TTFT guard: a cached prefix counts only on a replica where this request's own wait (the prefill
-queued there plus its uncached prefill, plus one step reading the replica's context) is within one such
-step of the fastest replica's; elsewhere the replica is costed as if it held nothing. Without it the fleet
-cost (which multiplies a hit's saving by everyone it would stall) kept a request on a short cached prefix
-behind a prefill it then waited out itself (the short-prefix control of bench/endpoint_picking.py). No
-constant is tuned: the only conversion, prefill seconds per token over KV-read seconds per
-context token (`prefill_token_s / context_token_s`), is the replica's step-time model (the fleet simulator
-passes its engine's; a router without it uses DEFAULT_PREFILL_RATIO).
+Sticky until saturated, for both prefix strategies. A replica is saturated for a request when admitting it
+would exceed the replica's own capacity: its KV tokens (router-held tokens or the scraped usage, plus this
+request's uncached prompt and expected output, above `kv_blocks x block_size`) or its sequence slots
+(`max_num_seqs`). Unsaturated replicas come first (a session key or a cached prefix never holds a request
+on a saturated one); among them the lowest wait wins, so a cached prefix holds the request exactly while
+its prefill saving outweighs the extra work queued on its holder, past the two-step band of noise; where
+nothing is shared every replica's wait is its load and the pick is `least-loaded`'s. A session key
+(`PickRequest.session`) credits the conversation's last replica with what its last turn left there when no
+replica is known to hold any of the prompt. No constant is tuned: the conversions are the replica's
+step-time model (`prefill_token_s`, `context_token_s`, `step_s`, `max_num_batched_tokens`; the fleet
+simulator passes its engine's; a router without it uses DEFAULT_PREFILL_RATIO and one mean request's
+context as a step's fixed part). The earlier fleet-cost score (`Picker.cost`, kept for callers) multiplied
+a hit's saving by every request it would stall and weighed a long answer's decode; on traffic with nothing
+shared it left `prefix` 17-29 % behind round-robin at TTFT p90 (issue 30).
 
 LoRA adapters (`lora.py`): a request for an adapter is picked among the replicas that list it only, every
 strategy. `least-loaded`, `prefix` and `kv-events` are sticky to the adapter until saturated: a replica
@@ -47,23 +46,25 @@ The price: a hot adapter's traffic stays on the replica running it until that on
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from oculis_router.picking import load
 from oculis_router.picking.events import EventBatch
 from oculis_router.picking.hashing import DEFAULT_BLOCK_SIZE
 from oculis_router.picking.index import KVIndex, PrefixMemory
+from oculis_router.picking.load import DEFAULT_PREFILL_RATIO
 from oculis_router.picking.lora import SLOT_RANK, Slot, holders, slot
 
 Strategy = Literal["random", "round-robin", "least-loaded", "prefix", "kv-events"]
 Reason = Literal["prefix", "load", "fallback", "random", "round-robin"]
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 PREFIX_STRATEGIES: tuple[Strategy, ...] = ("prefix", "kv-events")
-# Prefill seconds per token over KV-read seconds per context token per step, when the replica's step-time
-# model is not given: Llama-3.1-8B on an H100 in the simulator's model (Qwen3-32B TP2 H100 ~940, 70B TP4
-# ~1,640, 8B A100 ~1,010, 8B L40S ~390).
-DEFAULT_PREFILL_RATIO = 442.0
+SESSIONS = 100_000  # session keys remembered per upstream (a bound on memory, ~10 MB; the oldest go first)
+__all__ = ["DEFAULT_PREFILL_RATIO", "PREFIX_STRATEGIES", "STRATEGIES", "Pick", "PickRequest", "Picker", "Reason",
+           "ReplicaState", "Strategy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,11 @@ class ReplicaState:
     lora_waiting: frozenset[str] = frozenset()
     in_flight_adapters: frozenset[str] = frozenset()
     max_loras: int | None = None
+    # token-aware load (load.py): the router's own in-flight count when the gauges were scraped (None: not
+    # known, the gauges are a floor), the step-time model's fixed part of a step and the token budget
+    scraped_in_flight: int | None = None
+    step_s: float | None = None  # seconds of a decode step that reads no context (weights)
+    max_num_batched_tokens: int | None = None
 
     @property
     def eligible(self) -> bool:
@@ -105,8 +111,8 @@ class ReplicaState:
 
     @property
     def requests(self) -> float:
-        """The replica's request load: the router's own count, or the engine's if other routers add to it."""
-        return max(float(self.in_flight), self.running + self.waiting)
+        """The replica's request load: the router's own count plus what other routers add (load.requests)."""
+        return load.requests(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +121,7 @@ class PickRequest:
     prompt_tokens: int
     expected_output_tokens: int = 0  # max_tokens when given, else the router's running mean
     adapter: str | None = None  # the LoRA adapter asked for (None: the base model)
+    session: str | None = None  # a conversation's key (OpenAI `user`, or a header): affinity before a prefix is known
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +149,12 @@ class Picker:
         self.memory = PrefixMemory()
         self.index = KVIndex(block_size)
         self.turn = 0
+        self.last = ""  # the id of the last load-decided pick (ties rotate from it)
         self.mean_uncached = 0.0  # running mean of uncached prompt tokens per pick (what a waiting request costs)
         self.mean_context = 0.0  # running mean of prompt + expected output per pick (what a running request reads)
         self.picks = 0
+        # session key -> (replica, tokens its last turn left there), least recently used first
+        self.sessions: OrderedDict[str, tuple[str, int]] = OrderedDict()
 
     # ---- inputs besides the pick -------------------------------------------------------------------
     def apply_events(self, replica: str, batch: EventBatch) -> None:
@@ -154,6 +164,8 @@ class Picker:
         self.memory.forget(replica)
         self.index.clear(replica)
         self.index.batches.pop(replica, None)
+        for key in [k for k, (rid, _) in self.sessions.items() if rid == replica]:
+            del self.sessions[key]
 
     # ---- the pick ----------------------------------------------------------------------------------
     def pick(self, req: PickRequest, replicas: Sequence[ReplicaState]) -> Pick | None:
@@ -164,6 +176,9 @@ class Picker:
             cands = holders(req.adapter, cands)
         if not cands:
             return None
+        if not self.picks:  # what an unknown request costs, until the running means have one pick
+            self.mean_uncached = float(req.prompt_tokens)
+            self.mean_context = float(req.prompt_tokens + req.expected_output_tokens)
         s = self.strategy
         if s == "random":
             choice, reason, hit = self.rng.choice(cands), "random", 0
@@ -199,20 +214,49 @@ class Picker:
         return out, set(silent)
 
     def _least_loaded(self, cands: Sequence[ReplicaState], req: PickRequest) -> ReplicaState:
-        # the router's own token count breaks ties, not the scraped KV usage: a gauge up to a scrape old would
-        # send every tied pick until the next scrape to the same replica (herding). An adapter: the replicas
+        # Work, not requests (load.py): the prefill queued ahead of this request and the context each step
+        # reads there, from the router's counts as of this very pick (a burst sees each earlier pick) plus
+        # what the gauges add. Waits within two steps of the best rotate (`_rotate`). An adapter: the replicas
         # running it first (within the affinity guard), then those with a free LoRA slot, then the rest.
         ranks = self.slot_ranks(req, cands)
-        if req.adapter is not None and self.lora_affinity:  # sticky to the adapter until saturated, as `prefix`
-            sat = {r.id: ranks[r.id] == 2 or self.saturated(r, req.prompt_tokens, req) for r in cands}
-        else:
-            sat = dict.fromkeys(ranks, False)
-        key = [(sat[r.id], ranks[r.id], r.requests, r.context_tokens) for r in cands]
+        adapter = req.adapter is not None and self.lora_affinity  # sticky to the adapter until saturated
+        # the request's own prefill is its whole prompt on every replica: a cache-blind strategy cannot know
+        # where its prefix is. Crediting the engines' recent prefix-cache hit share (scraped) fed on itself
+        # (2 replicas, 1k-token prefixes, 3,000-token answers: 90 % of requests on one), and discounting the
+        # queued prefill by it made the issue's multi-turn shape worse (TTFT p99 1.9 -> 3.2 s): left out.
+        key = [((adapter and ranks[r.id] == 2) or self.saturated(r, req.prompt_tokens, req), ranks[r.id],
+                self.wait(r, req.prompt_tokens)) for r in cands]
+        return self._rotate(cands, key)
+
+    def _rotate(self, cands: Sequence[ReplicaState], key: Sequence[tuple[bool, int, float]],
+                hits: dict[str, int] | None = None) -> ReplicaState:
+        """The best-scored replica, where every replica within two decode steps of the best counts as tied,
+        and ties go round-robin (the next after the last pick, in id order). Each replica's wait is known to
+        within one step: the router cannot see where in its step an engine is (a request joins at the next
+        step boundary), and its queue count drops only when a first token arrives, at the end of a step. So
+        two waits differ by more than noise only past two steps; taking the strict minimum instead herds a
+        burst onto the replica whose queue just emptied, i.e. whose step just began (4 replicas at 90 % load,
+        50-token answers: TTFT p50 34.0 ms against round-robin's 30.3). Among equals, rotation spaces each
+        replica's arrivals as evenly as round-robin does. `hits` (prefix strategies): among the tied, the
+        longest cached prefix that saves more than the band first (sticky until its holder's wait is two
+        steps past the best), then rotation among equal hits."""
         best = min(key)
-        tied = [r for r, k in zip(cands, key, strict=True) if k == best]
-        return tied[0] if len(tied) == 1 else self.rng.choice(tied)
+        tol = 2 * min(self.step(r) for r in cands)
+        tied = [r for r, k in zip(cands, key, strict=True) if k[:2] == best[:2] and k[2] <= best[2] + tol]
+        # a cached prefix whose prefill saving is itself within that noise is no reason to break the rotation
+        # (a 128-token system prompt: bursts of its group herded onto its holder, TTFT p90 +10 % on
+        # round-robin); one that saves more holds the request among the tied
+        strong = [r for r in tied if hits and load.ratio(r) * hits.get(r.id, 0) * self.block_size > tol]
+        if strong:
+            most = max(hits.get(r.id, 0) for r in strong)  # type: ignore[union-attr]
+            tied = [r for r in strong if hits.get(r.id, 0) == most]  # type: ignore[union-attr]
+        after = [r for r in tied if r.id > self.last]
+        choice = after[0] if after else tied[0]
+        self.last = choice.id
+        return choice
 
     def saturated(self, r: ReplicaState, uncached: int, req: PickRequest) -> bool:
+        """Admitting `req` would exceed r's own capacity: its sequence slots or its KV tokens."""
         if r.max_num_seqs is not None and r.requests + 1 > r.max_num_seqs:
             return True
         cap = r.kv_tokens
@@ -222,42 +266,59 @@ class Picker:
         return held + uncached + req.expected_output_tokens > cap
 
     def queue_tokens(self, r: ReplicaState) -> float:
-        """Prefill work ahead of a new request on r, in tokens."""
-        return max(float(r.queued_tokens), r.waiting * self.mean_uncached)
+        """Prefill work ahead of a new request on r, in tokens (load.queued)."""
+        return load.queued(r, self.mean_uncached)
 
     def cost(self, r: ReplicaState, uncached: int, req: PickRequest) -> float:
-        """What sending `req` to r adds to the fleet's time, in decode-step context-token reads.
-
-        prefill: this request's uncached tokens, run after the prefill queued there, stall every request
-            running on r for as long (the step that prefills them is long for all of them);
-        decode: for its expected output this request reads r's context each step, and every request running
-            there reads this one's.
-        One prefill token costs `prefill_token_s / context_token_s` context-token reads: the replica's own
-        step-time model (compute-bound prefill vs bandwidth-bound KV reads), 400-1,600 across models and GPUs."""
-        ratio = self._ratio(r)
+        """What sending `req` to r adds to the fleet's time, in decode-step context-token reads (kept for
+        callers; the picks use `wait`): its uncached prefill, after the prefill queued there, stalls every
+        request running on r as long; its decode reads r's context each step and is read by the others."""
         out = req.expected_output_tokens
         busy = r.requests
-        ctx = max(float(r.context_tokens), r.running * self.mean_context)
-        prefill = ratio * (self.queue_tokens(r) + uncached * (1.0 + busy))
-        decode = out * (ctx + (req.prompt_tokens + out / 2) * busy)
-        return prefill + decode
+        ctx = load.context(r, self.mean_context)
+        prefill = self._ratio(r) * (self.queue_tokens(r) + uncached * (1.0 + busy))
+        return prefill + out * (ctx + (req.prompt_tokens + out / 2) * busy)
 
     def wait(self, r: ReplicaState, uncached: int) -> float:
-        """This request's own time to first token on r, in the same context-token reads as `cost`: the
-        prefill queued ahead of it there plus its own uncached prefill, in steps that also read r's context."""
-        return self._ratio(r) * (self.queue_tokens(r) + uncached) + self.step(r)
+        """This request's own time to first token on r, in context-token reads (load.wait)."""
+        return load.wait(r, uncached, self.mean_uncached, self.mean_context)
 
     def step(self, r: ReplicaState) -> float:
-        """One decode step of r in context-token reads: what it reads per step (the router's context held
-        there, or the running requests at the mean context), at least one mean request's context."""
-        return max(float(r.context_tokens), r.running * self.mean_context, self.mean_context)
+        """One decode step of r in context-token reads (load.step)."""
+        return load.step(r, self.mean_context)
 
     def _ratio(self, r: ReplicaState) -> float:
-        p, d = r.prefill_token_s, r.context_token_s
-        return p / d if p and d else DEFAULT_PREFILL_RATIO
+        return load.ratio(r)
+
+    def _session_hits(self, req: PickRequest, cands: Sequence[ReplicaState]) -> dict[str, int]:
+        """Where no replica is known to hold any of the prompt, the conversation's last replica is credited
+        with what its last turn left there (prompt + output, at most this prompt less one token), in blocks;
+        the saturation guard and the load score then decide as for a remembered prefix."""
+        if req.session is None:
+            return {}
+        last = self.sessions.get(req.session)
+        if last is None or last[0] not in {r.id for r in cands}:
+            return {}
+        # only where the picker cannot see that replica's cache: a prompt it could not hash, a memory that
+        # holds nothing of the replica (a restarted router), an engine that publishes no events. Where it
+        # sees the cache and finds nothing, the history was evicted: crediting it anyway held conversations
+        # behind queues for a prefill they then paid in full (2 replicas, 3,000-token answers, multi-turn:
+        # kv-events TTFT p99 4.9 s against round-robin's 1.1)
+        if req.block_hashes and not self._blind_to(last[0]):
+            return {}
+        self.sessions.move_to_end(req.session)
+        return {last[0]: min(last[1], max(req.prompt_tokens - 1, 0)) // self.block_size}
+
+    def _blind_to(self, replica: str) -> bool:
+        """The picker knows nothing of `replica`'s cache: no KV events from it and nothing in the memory."""
+        if self.strategy == "kv-events" and self.index.heard(replica):
+            return False
+        return self.memory.size(replica) == 0
 
     def _by_prefix(self, req: PickRequest, cands: list[ReplicaState]) -> tuple[ReplicaState, Reason, int]:
         hits, fallback = self.matches(req, cands)
+        if not any(hits.values()):
+            hits = {**hits, **self._session_hits(req, cands)}
         bs = self.block_size
         uncached_of: dict[str, int] = {}
         for r in cands:
@@ -265,24 +326,11 @@ class Picker:
         # a replica where an adapter would wait for a LoRA slot counts as saturated (lora.py)
         ranks = self.slot_ranks(req, cands)
         sat = {r.id: self.saturated(r, uncached_of[r.id], req) or ranks[r.id] == 2 for r in cands}
-        # TTFT guard: the fleet cost multiplies a cached prefix's saving by every request it would stall, so
-        # alone it keeps a request on a short hit behind a queued prefill it then waits out itself. A cached
-        # prefix counts only on a replica where this request's own wait is within one decode step of the
-        # fastest replica's (the replica's step-time model, no tuned constant); elsewhere the replica is
-        # costed as if it held nothing, so load (prefill queue, decode reads) still decides there.
-        waits = {r.id: self.wait(r, uncached_of[r.id]) for r in cands}
-        fastest = min(cands, key=lambda r: (sat[r.id], waits[r.id]))
-        bar = waits[fastest.id] + self.step(fastest)
-        best: tuple[bool, int, float, float] | None = None
-        chosen: list[ReplicaState] = []
-        for r in cands:
-            uncached = uncached_of[r.id] if waits[r.id] <= bar else req.prompt_tokens
-            key = (sat[r.id], ranks[r.id], self.cost(r, uncached, req), r.requests)
-            if best is None or key < best:
-                best, chosen = key, [r]
-            elif key == best:
-                chosen.append(r)
-        r = chosen[0] if len(chosen) == 1 else self.rng.choice(chosen)
+        # Sticky until saturated, by the token-load scorer: each replica is scored by this request's own
+        # wait there (load.wait), its cached prefix taken off its own prefill. A cached prefix therefore
+        # holds the request exactly while the prefill it saves outweighs the extra work queued on its
+        # holder; where nothing is shared every replica's wait is its load, and this is `least-loaded`.
+        r = self._rotate(cands, [(sat[c.id], ranks[c.id], self.wait(c, uncached_of[c.id])) for c in cands], hits)
         hit = hits.get(r.id, 0)
         if hit == 0 or hit < max(hits.get(c.id, 0) for c in cands):
             reason: Reason = "load"  # not the longest cached prefix: load decided
@@ -299,3 +347,8 @@ class Picker:
         if self.strategy in PREFIX_STRATEGIES and req.block_hashes:
             cap = None if r.kv_tokens is None else r.kv_tokens // self.block_size
             self.memory.remember(r.id, req.block_hashes, cap)
+        if req.session is not None and self.strategy in PREFIX_STRATEGIES:
+            self.sessions[req.session] = (r.id, context)
+            self.sessions.move_to_end(req.session)
+            while len(self.sessions) > SESSIONS:
+                self.sessions.popitem(last=False)

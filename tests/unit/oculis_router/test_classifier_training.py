@@ -41,6 +41,10 @@ def test_training_script_reproduces_the_committed_head(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "training" / "train_classifier.py"), "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # `make classifier`'s second step: the kind guard, fitted and added to the head just written
+    proc = subprocess.run([sys.executable, str(ROOT / "training" / "kind_guard.py"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     name = classify.model_file(classify.DEFAULT_MODEL).name
     with np.load(tmp_path / name) as new, np.load(classify.data_path(name)) as old:
         assert sorted(new.files) == sorted(old.files)

@@ -58,8 +58,10 @@ def test_random_and_round_robin_are_deterministic_and_skip_draining() -> None:
 
 def test_least_loaded_uses_router_count_and_scraped_gauges() -> None:
     p = Picker("least-loaded")
-    rs = [ReplicaState("a", in_flight=5), ReplicaState("b", in_flight=1, running=4, waiting=3),
-          ReplicaState("c", in_flight=2, running=2)]
+    # without scraped_in_flight the gauges are a floor of the router's counts: b's 3 waiting requests queue
+    # prefill (at the mean prompt) ahead of a new one; a and c queue the prefill the router counts there
+    rs = [ReplicaState("a", in_flight=5, queued_tokens=5), ReplicaState("b", in_flight=1, running=4, waiting=3),
+          ReplicaState("c", in_flight=2, running=2, queued_tokens=2)]
     assert p.pick(req([1]), rs).replica == "c"  # type: ignore[union-attr]  # a: 5, b: max(1, 7) = 7, c: 2
 
 
@@ -78,8 +80,10 @@ def test_ties_go_to_the_less_loaded_replica() -> None:
     p = Picker("prefix", block_size=BS)
     for r in ("a", "b", "c"):
         p.memory.remember(r, block_hashes(PREFIX, BS), None)
-    rs = [ReplicaState("a", in_flight=3, block_size=BS), ReplicaState("b", in_flight=1, block_size=BS),
-          ReplicaState("c", in_flight=2, block_size=BS)]
+    # token-aware load: each in-flight request still has 50 prompt tokens to prefill there
+    rs = [ReplicaState("a", in_flight=3, queued_tokens=150, block_size=BS),
+          ReplicaState("b", in_flight=1, queued_tokens=50, block_size=BS),
+          ReplicaState("c", in_flight=2, queued_tokens=100, block_size=BS)]
     assert p.pick(req([*PREFIX, 9]), rs).replica == "b"  # type: ignore[union-attr]
     # no prefix anywhere: the least loaded
     assert p.pick(req([7, 7, 7, 7, 7]), rs).replica == "b"  # type: ignore[union-attr]
@@ -193,24 +197,24 @@ def test_bad_strategy_is_refused() -> None:
         Picker("nearest")  # type: ignore[arg-type]
 
 
-def test_a_long_expected_output_weighs_decode_load_against_the_prefix() -> None:
-    # a holds the 16-token prefix of a 20-token prompt and runs 3 requests of 500 context tokens in all; b is idle
-    a = ReplicaState("a", block_size=BS, in_flight=3, context_tokens=500, prefill_token_s=40e-6,
-                     context_token_s=80e-9)  # one prefill token = 500 context-token reads
-    b = ReplicaState("b", block_size=BS, prefill_token_s=40e-6, context_token_s=80e-9)
-
-    def pick(out: int) -> str:
+def test_a_cached_prefix_holds_until_the_prefill_queued_on_its_holder_outweighs_what_it_saves() -> None:
+    # a holds the 16-token prefix of a 20-token prompt and runs 3 requests (500 context tokens); b is idle;
+    # one prefill token = 500 context-token reads. Token-load scoring (load.wait): this request's own wait.
+    def pick(queued: int, out: int = 200) -> str:
+        a = ReplicaState("a", block_size=BS, in_flight=3, context_tokens=500, queued_tokens=queued,
+                         prefill_token_s=40e-6, context_token_s=80e-9)
+        b = ReplicaState("b", block_size=BS, prefill_token_s=40e-6, context_token_s=80e-9)
         p = Picker("prefix", block_size=BS)
         p.memory.remember("a", block_hashes(PREFIX, BS), None)
         got = p.pick(req([*PREFIX, 1, 2, 3, 4], out=out), [a, b])
         assert got is not None
         return got.replica
 
-    # 2 tokens out: a costs 500 x 4 uncached x (1 + 3 delayed) + 2 x (500 + 3 x 21) = 9,126 context-token
-    # reads, b 500 x 20 uncached = 10,000: the prefix wins
-    assert pick(2) == "a"
-    # 200 out: a's context is read 200 times and this request by a's 3 others: 8,000 + 200 x 860 > 10,000
-    assert pick(200) == "b"
+    # nothing queued on a: 500 x 4 uncached + a's step (500 read) beats b's 500 x 20: the prefix holds, whatever
+    # the answer's length (the decode a long answer adds is the same on either replica)
+    assert pick(0, out=2) == pick(0, out=200) == "a"
+    # 16 prefill tokens queued on a: 500 x 20 + 500 > b's 500 x 20: the saving no longer pays, load decides
+    assert pick(16) == "b"
 
 
 def test_a_short_hit_behind_a_queued_prefill_loses_to_a_replica_without_a_queue_a_long_hit_still_wins() -> None:

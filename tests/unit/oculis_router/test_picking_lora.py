@@ -90,7 +90,8 @@ def test_least_loaded_is_sticky_to_a_running_adapter_until_it_would_wait_or_satu
                    max_loras=2)  # y waits on b for a slot: more sql there would keep it waiting
     pick = p.pick(req("sql"), [busy_other, starving, free])
     assert pick is not None and (pick.replica, pick.slot) == ("c", "free")
-    all_wait = [busy_other, rep("d", adapters=both, in_flight=4, lora_running=F({"x", "y"}), max_loras=2)]
+    all_wait = [busy_other, rep("d", adapters=both, in_flight=4, queued_tokens=400, lora_running=F({"x", "y"}),
+                                max_loras=2)]
     pick = p.pick(req("sql"), all_wait)
     assert pick is not None and (pick.replica, pick.slot) == ("a", "wait")  # every replica waits: load decides
 

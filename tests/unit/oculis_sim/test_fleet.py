@@ -94,17 +94,18 @@ GROUPS = {"prompt_tokens": 40, "output_tokens": 20, "prefix_groups": {"count": 2
 
 
 def test_multi_replica_replay_keeps_each_group_on_its_replica_with_the_prefix_picker() -> None:
+    # a 1,024-token prefix: its prefill (~34 ms) saves more than the two decode steps within which the picker
+    # calls waits equal (a 320-token one, ~11 ms, is within them, and rotation spreads its group)
     s = settings()
-    wl = workload.parse(GROUPS)
+    wl = workload.parse({**GROUPS, "prefix_groups": {"count": 2, "tokens": 1024}})
     sticky = fleet.run(s, wl, 2, "prefix").summary
     spread = fleet.run(s, wl, 2, "round-robin").summary
     assert sticky["requests"] == spread["requests"] == len(wl)
-    # 2 groups of 20 prefix blocks: prefix pays each group's prefill once, round-robin once per replica
-    groups = 2 * 20 * 16
+    # 2 groups of 64 prefix blocks: prefix pays each group's prefill once, round-robin once per replica
+    groups = 2 * 64 * 16
     queried = sum(int(p) for p in wl.prompt_tokens)
     assert sticky["prefix_hit_share"] > spread["prefix_hit_share"]
-    assert sticky["prefix_hit_share"] == pytest.approx((queried - (queried - 20 * 16 * len(wl)) - groups) / queried,
-                                                       abs=0.02)
+    assert sticky["prefix_hit_share"] == pytest.approx((64 * 16 * len(wl) - groups) / queried, abs=0.02)
     counts = [r["requests"] for r in spread["per_replica"]]
     assert sum(counts) == len(wl) and max(counts) - min(counts) <= 1  # round-robin alternates
     assert sticky == fleet.run(s, wl, 2, "prefix", decode_runs=False).summary  # the fast path changes nothing

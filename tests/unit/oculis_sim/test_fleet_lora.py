@@ -10,7 +10,7 @@ import pytest
 
 from oculis_sim import config, fleet, workload
 from oculis_sim.cli import main
-from oculis_sim.fleetlora import Slots
+from oculis_sim.fleetlora import Slots, draw
 from oculis_sim.lora import LOAD_S
 
 
@@ -33,7 +33,7 @@ def test_affinity_keeps_adapters_on_fewer_replicas_with_fewer_loads_and_waits() 
     s = config.resolve("meta-llama/Llama-3.1-8B-Instruct", "H100-80GB")
     wl = workload.parse({"prompt_tokens": 200, "output_tokens": 100, "stages": [{"rate": 30, "seconds": 20}],
                          "seed": 5})
-    lora = [f"adapter-{i % 4}" for i in range(len(wl))]
+    lora = draw(len(wl), 4, 0.0, 5)  # drawn, not cyclic: a cycle of 4 over 2 replicas is partitioned by rotation
     blind = fleet.run(s, wl, 2, "least-loaded", adapters=lora, max_loras=2, lora_affinity=False).summary
     aff = fleet.run(s, wl, 2, "least-loaded", adapters=lora, max_loras=2).summary
     assert blind["requests"] == aff["requests"] == len(wl)
