@@ -260,11 +260,13 @@ class Router:
 def build_app(config_path: Path | None = None, config: RouterConfig | None = None, metrics: Metrics | None = None,
               reload_interval: float = 1.0, max_retries: int = 2, backoff: float = 0.05,
               wait_for_config: bool = False, client_keys_env: str | None = None,
-              endpoints: Path | None = None, redis_url: str | None = None) -> Starlette:
+              endpoints: Path | None = None, redis_url: str | None = None,
+              server: dict[str, Any] | None = None) -> Starlette:
     """`endpoints`: an endpoint map (oculis_router.endpoints) that sends base_url hosts to loopback ports.
     `redis_url`: the response cache and the rate limiter of every config loaded use this Redis."""
     metrics = metrics or Metrics()
-    holder = ConfigHolder(config_path, metrics, config, wait_for_file=wait_for_config, redis_url=redis_url)
+    holder = ConfigHolder(config_path, metrics, config, wait_for_file=wait_for_config, redis_url=redis_url,
+                          server=server)
     fleet = Fleet(metrics)  # the replicas of self-hosted upstreams, and their pickers (pick.py)
     router = Router(holder, metrics, client_keys_env, fleet)
 

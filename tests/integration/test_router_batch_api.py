@@ -22,8 +22,8 @@ import openai
 import pytest
 import yaml
 from e2e_support import eventually
-from prometheus_client.parser import text_string_to_metric_families
 from fake_upstreams import free_port
+from prometheus_client.parser import text_string_to_metric_families
 from router_support import start_router
 from sim_support import start_sim, stop
 from time_scale import Deadline
