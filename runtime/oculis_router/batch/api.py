@@ -109,23 +109,23 @@ class BatchAPI:
         return JSONResponse(meta)
 
     async def list_files(self, request: Request, store: AnyStore, tenant: str) -> Response:
-        found = store.files(tenant)
+        found = await asyncio.to_thread(store.files, tenant)
         if (p := request.query_params.get("purpose")) is not None:
             found = [f for f in found if f["purpose"] == p]
         return JSONResponse({"object": "list", "data": found, "has_more": False})
 
-    def file_or_404(self, store: AnyStore, tenant: str, file_id: str) -> dict[str, Any]:
-        meta = store.file(tenant, file_id)
+    async def file_or_404(self, store: AnyStore, tenant: str, file_id: str) -> dict[str, Any]:
+        meta = await asyncio.to_thread(store.file, tenant, file_id)
         if meta is None:
             raise APIError(404, f"No such File object: {file_id}", param="id", code="file_not_found")
         return meta
 
     async def get_file(self, request: Request, store: AnyStore, tenant: str) -> Response:
-        return JSONResponse(self.file_or_404(store, tenant, request.path_params["file_id"]))
+        return JSONResponse(await self.file_or_404(store, tenant, request.path_params["file_id"]))
 
     async def content(self, request: Request, store: AnyStore, tenant: str) -> Response:
         file_id = request.path_params["file_id"]
-        self.file_or_404(store, tenant, file_id)
+        await self.file_or_404(store, tenant, file_id)
         data = await asyncio.to_thread(store.file_bytes, tenant, file_id)
         if data is None:
             raise APIError(404, f"No such File object: {file_id}", param="id", code="file_not_found")
@@ -133,8 +133,8 @@ class BatchAPI:
 
     async def delete_file(self, request: Request, store: AnyStore, tenant: str) -> Response:
         file_id = request.path_params["file_id"]
-        self.file_or_404(store, tenant, file_id)
-        store.delete_file(tenant, file_id)
+        await self.file_or_404(store, tenant, file_id)
+        await asyncio.to_thread(store.delete_file, tenant, file_id)
         return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
     # ---- batches ------------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ class BatchAPI:
             raise bad_request(f"metadata must be an object of at most {MAX_METADATA} string values",
                               param="metadata")
         await asyncio.to_thread(store.check)  # Redis down: a loud 503 naming it, before anything is made
-        meta = store.file(tenant, file_id)
+        meta = await asyncio.to_thread(store.file, tenant, file_id)
         data = await asyncio.to_thread(store.file_bytes, tenant, file_id)
         if meta is None or data is None:  # another tenant's file is not there, as far as this one can tell
             raise APIError(404, f"No such File object: {file_id}", param="input_file_id", code="file_not_found")
@@ -178,21 +178,21 @@ class BatchAPI:
             OWNER: {"tenant": tenant, "key_sha256": who.key_sha256, "tenant_header": who.tenant_header}}
         # the batch keeps its own copy of the input: deleting the file later does not stop it
         await asyncio.to_thread(store.put_input, tenant, batch["id"], data)  # first: a replica may resume it
-        store.save_batch(tenant, batch)
+        await asyncio.to_thread(store.save_batch, tenant, batch)
         self.runner.start(store, batch, cfg.concurrency)
         return JSONResponse(public(batch))
 
-    def batch_or_404(self, store: AnyStore, tenant: str, batch_id: str) -> dict[str, Any]:
-        b = store.batch(tenant, batch_id)
+    async def batch_or_404(self, store: AnyStore, tenant: str, batch_id: str) -> dict[str, Any]:
+        b = await asyncio.to_thread(store.batch, tenant, batch_id)
         if b is None:
             raise APIError(404, f"No such Batch object: {batch_id}", param="id", code="batch_not_found")
         return b
 
     async def get_batch(self, request: Request, store: AnyStore, tenant: str) -> Response:
-        return JSONResponse(public(self.batch_or_404(store, tenant, request.path_params["batch_id"])))
+        return JSONResponse(public(await self.batch_or_404(store, tenant, request.path_params["batch_id"])))
 
     async def list_batches(self, request: Request, store: AnyStore, tenant: str) -> Response:
-        found = store.batches(tenant)
+        found = await asyncio.to_thread(store.batches, tenant)
         after = request.query_params.get("after")
         if after is not None:
             ids = [b["id"] for b in found]
@@ -207,7 +207,7 @@ class BatchAPI:
 
     async def cancel(self, request: Request, store: AnyStore, tenant: str) -> Response:
         batch_id = request.path_params["batch_id"]
-        b = self.batch_or_404(store, tenant, batch_id)
+        b = await self.batch_or_404(store, tenant, batch_id)
         if b["status"] in FINAL or b["status"] == "cancelling":
             if b["status"] != "cancelling" and b["status"] != "cancelled":
                 raise APIError(409, f"batch {batch_id} is {b['status']}: it can no longer be cancelled",
@@ -216,7 +216,7 @@ class BatchAPI:
         run = self.runner.runs.get(batch_id)
         target = run.batch if run is not None else b
         target.update(status="cancelling", cancelling_at=int(time.time()))
-        store.save_batch(tenant, target)
+        await asyncio.to_thread(store.save_batch, tenant, dict(target))
         self.runner.cancel(batch_id)  # a batch another replica runs sees it in the store
         return JSONResponse(public(target))
 

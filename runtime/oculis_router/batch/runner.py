@@ -59,16 +59,25 @@ class Run:
         self.saved_at = 0.0
         self.saving = asyncio.Lock()  # one write at a time, in order: an older snapshot never lands last
 
-    def stopping(self) -> bool:
+    async def poll(self) -> None:
+        """Reads the stored status at most every STATUS_POLL_S, off the event loop (a cancel from another
+        replica); a store that cannot be read now is read again next time."""
+        if self.cancel or time.monotonic() - self.read_at < STATUS_POLL_S:
+            return
+        self.read_at = time.monotonic()
+        try:
+            stored = await asyncio.to_thread(self.store.batch, self.tenant, self.batch["id"])
+        except Exception as exc:
+            log.warning("batch %s: cannot read its status from %s: %s", self.batch["id"], self.store.where, exc)
+            return
+        if stored is not None and stored["status"] == "cancelling":
+            self.cancel = True
+            self.batch.update(status="cancelling", cancelling_at=stored.get("cancelling_at"))
+
+    async def stopping(self) -> bool:
         """Cancelled (here or by another replica, seen in the store) or past its completion window."""
-        now = time.time()
-        if not self.cancel and time.monotonic() - self.read_at >= STATUS_POLL_S:
-            self.read_at = time.monotonic()
-            stored = self.store.batch(self.tenant, self.batch["id"])
-            if stored is not None and stored["status"] == "cancelling":
-                self.cancel = True
-                self.batch.update(status="cancelling", cancelling_at=stored.get("cancelling_at"))
-        return self.cancel or now >= self.batch["expires_at"]
+        await self.poll()
+        return self.cancel or time.time() >= self.batch["expires_at"]
 
     def save(self) -> None:
         self.store.save_batch(self.tenant, self.batch)
@@ -154,7 +163,7 @@ class Runner:
             try:
                 while True:  # the lines no replica holds; then wait for the others' (or take a dead one's)
                     todo = [ln for ln in lines if ln.custom_id not in done]
-                    if not todo or run.stopping():
+                    if not todo or await run.stopping():
                         break
                     ran = await self._lines(run, todo, out)
                     done = (await asyncio.to_thread(store.recorded, run.tenant, b["id"]))[0]
@@ -187,10 +196,10 @@ class Runner:
         ran = 0
         try:
             for line in todo:
-                if run.stopping():
+                if await run.stopping():
                     break
                 await sem.acquire()
-                if run.stopping():
+                if await run.stopping():
                     sem.release()
                     break
                 if not await asyncio.to_thread(run.store.claim, run.tenant, run.batch["id"], line.custom_id):
@@ -214,7 +223,7 @@ class Runner:
             resp = await self.call(line.endpoint, dict(line.body), run.tenant, run.who)
             after = resp.headers.get("retry-after")
             retry = resp.headers.get("x-should-retry") != "false"  # a spent budget says stop, not wait
-            if resp.status_code in (429, 503) and retry and after and after.isdigit() and not run.stopping():
+            if resp.status_code in (429, 503) and retry and after and after.isdigit() and not await run.stopping():
                 # the fleet is full (flow control shed it) or a limit says wait: not an answer, try again
                 await asyncio.sleep(min(RETRY_CAP_S, max(1, int(after))))
                 continue
