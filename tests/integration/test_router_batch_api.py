@@ -341,3 +341,27 @@ def test_redis_down_makes_batch_creation_a_503_naming_it_while_chat_flows(tmp_pa
                                          messages=[{"role": "user", "content": "still here"}]).choices
     finally:
         r.stop()
+
+
+def test_a_cancel_through_one_replica_stops_the_batch_on_both(tmp_path: Path, sim: str, redis: RedisServer) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = Router(tmp_path / "a", sim, concurrency=1, redis_url=redis.url)
+    b = Router(tmp_path / "b", sim, concurrency=1, redis_url=redis.url)
+    try:
+        c = a.client()
+        batch = c.batches.create(input_file_id=upload(c, jsonl(100, max_tokens=40)),
+                                 endpoint="/v1/chat/completions", completion_window="24h")
+        eventually(lambda: b.metric("oculis_batch_lines_total") >= 1 and a.metric("oculis_batch_lines_total") >= 1,
+                   timeout=120, what="both replicas ran a line")
+        assert b.client().batches.cancel(batch.id).status in ("cancelling", "cancelled")
+        done = finished(c, batch.id)
+        assert done.status == "cancelled"
+        answered = done.request_counts.completed
+        assert 2 <= answered < 100
+        ids = [json.loads(x)["custom_id"] for x in c.files.content(done.output_file_id).text.splitlines()]
+        assert len(ids) == len(set(ids)) == answered  # every line its counts say, once
+        assert len(batch_prompts(a, b)) == answered  # and nothing sent upstream beyond them
+    finally:
+        a.stop()
+        b.stop()

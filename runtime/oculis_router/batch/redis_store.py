@@ -230,6 +230,16 @@ class RedisStore:
         keys = [self._b(tenant, batch_id, kind), self._b(tenant, batch_id, other)]
         return bool(self._record(keys=keys, args=[record["custom_id"], json.dumps(record)]))
 
+    def in_flight(self, tenant: str, batch_id: str) -> int:
+        """Lines a live replica has claimed and not yet recorded (a cancelled batch is finished once these
+        are, so its output file holds every line its counts do)."""
+        claims = {k.decode(): v.decode() for k, v in self.r.hgetall(self._b(tenant, batch_id, "claims")).items()}
+        done = self.recorded(tenant, batch_id)[0]
+        holders = sorted({h for c, h in claims.items() if c not in done})
+        alive = dict(zip(holders, self.r.mget([PREFIX + "alive:" + h for h in holders]), strict=True)) \
+            if holders else {}
+        return sum(1 for c, h in claims.items() if c not in done and alive.get(h) is not None)
+
     def appender(self, tenant: str, batch_id: str) -> RedisAppender:
         return RedisAppender(self, tenant, batch_id)
 

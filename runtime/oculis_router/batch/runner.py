@@ -171,6 +171,8 @@ class Runner:
                         await asyncio.sleep(WAIT_OTHERS_S)
             finally:
                 out.close()
+            while await asyncio.to_thread(store.in_flight, run.tenant, b["id"]):  # other replicas' last lines
+                await asyncio.sleep(WAIT_OTHERS_S)
             done = (await asyncio.to_thread(store.recorded, run.tenant, b["id"]))[0]
             if await asyncio.to_thread(store.finisher, run.tenant, b["id"]):
                 await asyncio.to_thread(self._finish, run, [ln for ln in lines if ln.custom_id not in done])

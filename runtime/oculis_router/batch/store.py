@@ -152,6 +152,9 @@ class Store:
     def finisher(self, tenant: str, batch_id: str) -> bool:
         return True
 
+    def in_flight(self, tenant: str, batch_id: str) -> int:
+        return 0  # this replica's lines are all answered when it asks
+
     def recorded(self, tenant: str, batch_id: str) -> tuple[set[str], int, int]:
         """The custom_ids whose results are written, and how many of them succeeded and failed; a torn
         last line (a crash while it was appended) is cut off first: that request runs again."""
