@@ -80,6 +80,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
                            route_window_core.describe_window(got.t0, got.t1), bool(gpu))
     rep["prices_from"] = got.catalog.source
     rep["adapters"] = cost_core.adapter_rows(got.counters)  # LoRA adapters: their own counters, exact
+    rep["batch"] = cost_core.batch_rows(got.counters)  # Batch API spend apart (oculis_batch_*_total), exact
     emit(rep, args.output, stdout, "rows", render)
     return 0
 
@@ -110,6 +111,15 @@ def render(rep: dict[str, Any], stdout: TextIO) -> None:
                   "" if a["share_of_upstream_dollars"] is None else f"{a['share_of_upstream_dollars']:.1%}"]
                  for a in rep["adapters"]]
         out.table("LoRA adapters (counted per call: oculis_adapter_*_total)", acols, arows, stdout, right=acols[2:])
+    if rep.get("batch"):
+        bcols = ["route", "upstream", "lines ok", "lines failed", "prompt tok", "output tok", "token $",
+                 "share of upstream $"]
+        brows = [[b["route"], b["upstream"], *("" if b[k] is None else f"{b[k]:,}" for k in (
+                  "lines_ok", "lines_failed", "prompt_tokens", "completion_tokens")), out.money(b["token_dollars"]),
+                  "" if b["share_of_upstream_dollars"] is None else f"{b['share_of_upstream_dollars']:.1%}"]
+                 for b in rep["batch"]]
+        out.table("Batch API (part of the rows above, counted per line: oculis_batch_*_total)", bcols, brows,
+                  stdout, right=bcols[2:])
     out.line("requests: taken by the row's tier, any outcome (errors and broken streams too); answered: those it "
              "answered (ok or a cache hit), what $/1k req divides by; calls: billed calls (answers given, answers a "
              "later tier replaced, a verifier's gradings): token $ (but a LoRA adapter's, counted per call), cache "

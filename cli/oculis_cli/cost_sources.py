@@ -141,6 +141,9 @@ def counters(prom: Any, t0: datetime, t1: datetime, router_selector: str = "") -
         replaced = prom.deltas(f"oculis_answers_replaced_total{sel}", ("route", "tier", "upstream"), s, e)
         grades = prom.deltas(f"oculis_answer_grades_total{sel}", ("route", "verifier", "outcome"), s, e)
 
+        def by_pair(name: str, labels: tuple[str, str]) -> dict[tuple[str, str], float]:
+            return {(k[0], k[1]): v for k, v in prom.deltas(f"{name}{sel}", labels, s, e).items()}
+
         def by_adapter(name: str) -> dict[tuple[str, str], float]:
             return {(k[0], k[1]): v for k, v in prom.deltas(f"{name}{sel}", ("upstream", "adapter"), s, e).items()}
 
@@ -158,6 +161,9 @@ def counters(prom: Any, t0: datetime, t1: datetime, router_selector: str = "") -
             adapter_prompt_tokens=by_adapter("oculis_adapter_prompt_tokens_total"),
             adapter_completion_tokens=by_adapter("oculis_adapter_completion_tokens_total"),
             adapter_cost=by_adapter("oculis_adapter_cost_dollars_total"),
+            batch_lines=by_pair("oculis_batch_lines_total", ("route", "outcome")),
+            batch_tokens=by_pair("oculis_batch_tokens_total", ("route", "kind")),
+            batch_cost=by_pair("oculis_batch_cost_dollars_total", ("route", "upstream")),
         )
     except PromError as exc:
         raise SourceError(str(exc), EXIT_UNREACHABLE) from None

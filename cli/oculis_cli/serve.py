@@ -39,6 +39,10 @@ def register(sub: Any) -> None:
                    help="redis://[:password@]host:port/db shared by every replica: the response cache and the rate "
                    "limiter both use it, overriding the config's server section (the operator renders none); "
                    "default $OCULIS_REDIS_URL")
+    p.add_argument("--server-settings", default=os.environ.get("OCULIS_SERVER_SETTINGS") or None, metavar="JSON",
+                   help='server sections replacing the config\'s, e.g. {"batch": {"enabled": true}, "flowControl": '
+                   '{"enabled": true}} (the chart\'s router.batch and router.flowControl; the operator renders no '
+                   "server section); default $OCULIS_SERVER_SETTINGS")
     p.add_argument("--shutdown-grace", type=finite_float, default=120, metavar="SECONDS",
                    help="after SIGTERM, how long in-flight requests and streams may take to finish (default 120)")
     p.set_defaults(run=run)
@@ -66,6 +70,15 @@ def run(args: argparse.Namespace) -> int:
     if args.redis_url is not None and (why := redis_url_problem(args.redis_url, "--redis-url")):
         print(f"oculis serve: {why}", file=sys.stderr)
         return 2
+    sections = None
+    if args.server_settings is not None:
+        from oculis_router.state import server_settings
+
+        try:
+            sections = server_settings(args.server_settings)
+        except ValueError as exc:
+            print(f"oculis serve: {exc}", file=sys.stderr)
+            return 2
     if args.shutdown_grace < 0:
         print(f"oculis serve: --shutdown-grace {args.shutdown_grace:g} is negative; give seconds >= 0", file=sys.stderr)
         return 2
@@ -89,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     metrics = Metrics()
     try:  # builds the config (its classifier heads, decision-log sinks, stores): refused before binding anything
         app = build_app(config_path=args.config, metrics=metrics, wait_for_config=args.wait_for_config,
-                        client_keys_env=args.client_keys_env, endpoints=args.endpoints, redis_url=args.redis_url)
+                        client_keys_env=args.client_keys_env, endpoints=args.endpoints, redis_url=args.redis_url,
+                        server=sections)
     except (ConfigError, ValueError) as exc:  # the file changed since the preflight, or a file it reads is bad
         print(f"oculis serve: {args.config}: {one_line(exc)}", file=sys.stderr)
         return 2

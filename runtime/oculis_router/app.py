@@ -25,9 +25,8 @@ from starlette.routing import Route as HTTPRoute
 from oculis import Pricing, RouterConfig
 from oculis_router import cache as rcache
 from oculis_router import replicas
-from oculis_router.batch.api import BatchAPI
+from oculis_router.batch.api import BatchAPI, Stores, unavailable_errors
 from oculis_router.batch.runner import Runner as BatchRunner
-from oculis_router.batch.store import Store as BatchStore
 from oculis_router.call import Calls
 from oculis_router.decisionlog import DecisionSink
 from oculis_router.decisionlog import entry as decision_entry
@@ -50,6 +49,7 @@ from oculis_router.upstreams import Caller
 from oculis_router.verdicts import failure_kind
 
 WATCH_CLIENT_AFTER_S = 0.25  # non-streamed answers slower than this are cancelled if the client leaves
+BATCH_RESCAN_S = 2.0  # how often a router on Redis looks for open batches to share
 log = logging.getLogger("oculis.router")
 INTERNAL = APIError(500, "internal router error (logged by the router)", type_="server_error", code="internal")
 
@@ -260,11 +260,13 @@ class Router:
 def build_app(config_path: Path | None = None, config: RouterConfig | None = None, metrics: Metrics | None = None,
               reload_interval: float = 1.0, max_retries: int = 2, backoff: float = 0.05,
               wait_for_config: bool = False, client_keys_env: str | None = None,
-              endpoints: Path | None = None, redis_url: str | None = None) -> Starlette:
+              endpoints: Path | None = None, redis_url: str | None = None,
+              server: dict[str, Any] | None = None) -> Starlette:
     """`endpoints`: an endpoint map (oculis_router.endpoints) that sends base_url hosts to loopback ports.
     `redis_url`: the response cache and the rate limiter of every config loaded use this Redis."""
     metrics = metrics or Metrics()
-    holder = ConfigHolder(config_path, metrics, config, wait_for_file=wait_for_config, redis_url=redis_url)
+    holder = ConfigHolder(config_path, metrics, config, wait_for_file=wait_for_config, redis_url=redis_url,
+                          server=server)
     fleet = Fleet(metrics)  # the replicas of self-hosted upstreams, and their pickers (pick.py)
     router = Router(holder, metrics, client_keys_env, fleet)
 
@@ -309,9 +311,28 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
         return up.pricing if up is not None else None
 
     batches = BatchRunner(batch_line, metrics.registry, prices)
+    batch_stores = Stores(lambda: holder.current.config.server.batch.directory,
+                          lambda: holder.current.config.server.redis_url)
+
+    async def keep_resuming() -> None:
+        """Open batches go on: at start (a previous run's), and with Redis every RESCAN_S (those another
+        replica left when it died, or made after this one started: replicas share them line by line)."""
+        while True:
+            cfg = holder.current.config.server if not holder.waiting else None
+            if cfg is not None and cfg.batch.enabled:
+                try:
+                    store = batch_stores()
+                    open_ = await asyncio.to_thread(store.open_batches)
+                    for b in open_:
+                        batches.start(store, b, cfg.batch.concurrency)
+                except unavailable_errors() as exc:
+                    log.warning("batch store: cannot look for open batches: %s", exc)
+                if cfg.redis_url is None:
+                    return  # one replica on a directory: what it starts itself is all there is
+            await asyncio.sleep(BATCH_RESCAN_S)
     batch_api = BatchAPI(lambda: holder.current.config.server.batch,
                          lambda request: check_client_key(request, router.keys_env(holder.current)),
-                         lambda: [m["id"] for m in describe(holder.current)], batches)
+                         lambda: [m["id"] for m in describe(holder.current)], batches, batch_stores)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -355,10 +376,9 @@ def build_app(config_path: Path | None = None, config: RouterConfig | None = Non
             replicas.keep_synced(fleet, lambda: holder.current.config, resolver, slices, subs.sync),
             replicas.keep_scraping(fleet, http), *([slices.run()] if slices is not None else []))]
         watcher = asyncio.create_task(holder.watch(reload_interval)) if config_path else None
-        batch_cfg = holder.current.config.server.batch if not holder.waiting else None
-        if batch_cfg is not None and batch_cfg.enabled:  # batches a previous run left open go on
-            batches.resume(BatchStore(Path(batch_cfg.directory)), batch_cfg.concurrency)
+        resuming = asyncio.create_task(keep_resuming())
         yield
+        resuming.cancel()
         await batches.close()
         if watcher:
             watcher.cancel()

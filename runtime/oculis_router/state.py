@@ -85,14 +85,55 @@ def with_shared_redis(config: RouterConfig, redis_url: str | None) -> RouterConf
     return config.model_copy(update={"server": server})
 
 
+def server_settings(raw: str, source: str = "--server-settings") -> dict[str, Any]:
+    """`oculis serve --server-settings` (the chart's router.batch / router.flowControl): a JSON object of
+    server sections (snake_case or camelCase), checked with the router's own schema; a ValueError naming
+    the field, the value and the fix otherwise."""
+    import json
+
+    from pydantic import ValidationError
+
+    from oculis.base import format_errors
+    from oculis.router import ServerSettings
+
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{source}: not JSON ({exc}); give an object such as "
+                         '{"batch": {"enabled": true}, "flowControl": {"enabled": true}}') from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{source}: {type(doc).__name__} given; give a JSON object of server sections")
+    try:
+        ServerSettings.model_validate(doc)
+    except ValidationError as exc:
+        raise ValueError(format_errors(exc, "server").replace("\n", "; ")) from None
+    return doc
+
+
+def with_server_settings(config: RouterConfig, sections: dict[str, Any] | None) -> RouterConfig:
+    """The config with each server section named in `sections` replaced by it (the operator renders no
+    server section: in a cluster batch and flow control reach the router through the command line).
+    Unchanged when none are given."""
+    if not sections:
+        return config
+    from oculis.router import ServerSettings
+
+    part = ServerSettings.model_validate(sections)
+    merged = config.server.model_copy(update={name: getattr(part, name) for name in part.model_fields_set})
+    server = ServerSettings.model_validate(merged.model_dump())  # the section-spanning checks, again
+    return config.model_copy(update={"server": server})
+
+
 class ConfigHolder:
     def __init__(self, path: Path | None, metrics: Metrics, config: RouterConfig | None = None,
-                 wait_for_file: bool = False, redis_url: str | None = None) -> None:
+                 wait_for_file: bool = False, redis_url: str | None = None,
+                 server: dict[str, Any] | None = None) -> None:
         """`wait_for_file`: a missing file is not an error; serve "not ready" until it appears
         (in a cluster the ConfigMap is rendered once the first InferenceRoute exists).
         `redis_url`: every config loaded shares this Redis (with_shared_redis)."""
         self.path = path
         self.redis_url = redis_url
+        self.server = server  # server sections from the command line (with_server_settings)
         self.metrics = metrics
         self._scorers: dict[str, RouteScorer] = {}
         self._heads: dict[Path, tuple[int, int] | None] = {}  # head files of the config in force, by stamp
@@ -153,7 +194,7 @@ class ConfigHolder:
 
     def _build(self, config: RouterConfig, digest: str) -> Runtime:
         """Built aside and adopted whole: a config that fails half-way leaves nothing behind."""
-        config = with_shared_redis(config, self.redis_url)
+        config = with_shared_redis(with_server_settings(config, self.server), self.redis_url)
         for i, up in enumerate(config.upstreams):
             if up.tokenizer is not None:
                 stamps = tuple(_file_stamp(f) for f in model_tokens.files_read(up.tokenizer))

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,9 +22,11 @@ import openai
 import pytest
 import yaml
 from e2e_support import eventually
+from fake_upstreams import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from router_support import start_router
 from sim_support import start_sim, stop
+from time_scale import Deadline
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -35,8 +40,42 @@ def sim() -> Iterator[str]:
         stop(proc)
 
 
+class RedisServer:
+    """A real redis-server on a free port (no persistence: the tests kill the router, not Redis)."""
+
+    def __init__(self, where: Path) -> None:
+        self.port, self.where = free_port(), where
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(where)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = Deadline(30)
+        while not deadline.expired():
+            ping = subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True)
+            if ping.stdout.strip() == "PONG":
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=15)
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    if subprocess.run(["which", "redis-server"], capture_output=True).returncode:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    r = RedisServer(tmp_path)
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
 class Router:
-    def __init__(self, tmp: Path, sim: str, concurrency: int = 2) -> None:
+    def __init__(self, tmp: Path, sim: str, concurrency: int = 2, redis_url: str | None = None) -> None:
         self.tmp = tmp
         self.decisions = tmp / "decisions.jsonl"
         self.config = tmp / "batch.yaml"
@@ -47,7 +86,8 @@ class Router:
                         "decision_log": {"sink": str(self.decisions), "include_prompts": True}}],
             "server": {"flow_control": {"enabled": True, "seats_per_replica": 1, "queue_ttl_seconds": 600},
                        "batch": {"enabled": True, "directory": str(tmp / "batches"), "concurrency": concurrency,
-                                 "max_requests_per_batch": 100, "max_file_bytes": 64 * 1024}},
+                                 "max_requests_per_batch": 100, "max_file_bytes": 64 * 1024},
+                       **({"redis_url": redis_url} if redis_url else {})},
         }}))
         self.start()
 
@@ -230,3 +270,98 @@ def test_an_unusable_store_is_a_loud_503_while_interactive_requests_flow(router:
     assert e.value.status_code == 503 and "batch store" in str(e.value)
     assert c.chat.completions.create(model="chat", max_tokens=2,
                                      messages=[{"role": "user", "content": "still here"}]).choices
+
+
+# ---- state in Redis: replicas share batches, a restart loses and repeats nothing -------------------------
+
+def batch_prompts(*routers: Router) -> list[str]:
+    """Every batch line the routers sent upstream (their decision logs), as the prompt's tag."""
+    return [m.group(1) for r in routers if r.decisions.exists()
+            for line in r.decisions.read_text().splitlines() if (m := re.search(r"batchline (\w+ \d+)", line))]
+
+
+def test_two_routers_on_one_redis_run_each_line_of_a_batch_exactly_once(tmp_path: Path, sim: str,
+                                                                        redis: RedisServer) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = Router(tmp_path / "a", sim, concurrency=2, redis_url=redis.url)
+    b = Router(tmp_path / "b", sim, concurrency=2, redis_url=redis.url)
+    try:
+        c = a.client()
+        batch = c.batches.create(input_file_id=upload(c, jsonl(100, max_tokens=40)),
+                                 endpoint="/v1/chat/completions", completion_window="24h")
+        # the other replica finds the open batch in Redis and takes lines no one holds
+        eventually(lambda: b.metric("oculis_batch_lines_total") >= 1, timeout=120, what="router b ran a line")
+        done = finished(b.client(), batch.id)  # either replica answers for it
+        assert done.status == "completed" and done.request_counts.completed == 100
+        ids = [json.loads(x)["custom_id"] for x in c.files.content(done.output_file_id).text.splitlines()]
+        assert sorted(ids) == sorted(f"line-{i}" for i in range(100))
+        sent = batch_prompts(a, b)
+        assert sorted(sent) == sorted(f"line {i}" for i in range(100)), "each line sent upstream exactly once"
+        assert a.metric("oculis_batch_lines_total") + b.metric("oculis_batch_lines_total") == 100
+        assert a.metric("oculis_batch_lines_total") >= 1
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_router_on_redis_killed_mid_batch_resumes_with_nothing_lost_or_twice(tmp_path: Path, sim: str,
+                                                                               redis: RedisServer) -> None:
+    r = Router(tmp_path, sim, concurrency=2, redis_url=redis.url)
+    try:
+        c = r.client()
+        batch = c.batches.create(input_file_id=upload(c, jsonl(40, max_tokens=20)),
+                                 endpoint="/v1/chat/completions", completion_window="24h")
+        eventually(lambda: c.batches.retrieve(batch.id).request_counts.completed >= 3, what="some lines answered")
+        r.stop(kill=True)  # its claimed lines are freed once its lease expires; the new process takes them
+        r.start()
+        c = r.client()
+        done = finished(c, batch.id)
+        assert done.status == "completed" and done.request_counts.completed == 40
+        assert done.request_counts.failed == 0
+        ids = [json.loads(x)["custom_id"] for x in c.files.content(done.output_file_id).text.splitlines()]
+        assert sorted(ids) == sorted(f"line-{i}" for i in range(40))  # none lost, none recorded twice
+        assert set(batch_prompts(r)) == {f"line {i}" for i in range(40)}
+    finally:
+        r.stop()
+
+
+def test_redis_down_makes_batch_creation_a_503_naming_it_while_chat_flows(tmp_path: Path, sim: str,
+                                                                         redis: RedisServer) -> None:
+    r = Router(tmp_path, sim, redis_url=redis.url)
+    try:
+        c = r.client()
+        fid = upload(c, jsonl(2))
+        redis.stop()
+        with pytest.raises(openai.APIStatusError) as e:
+            c.batches.create(input_file_id=fid, endpoint="/v1/chat/completions", completion_window="24h")
+        assert e.value.status_code == 503
+        assert f"Redis at redis://127.0.0.1:{redis.port}/0" in str(e.value) and "batch store" in str(e.value)
+        assert c.chat.completions.create(model="chat", max_tokens=2,
+                                         messages=[{"role": "user", "content": "still here"}]).choices
+    finally:
+        r.stop()
+
+
+def test_a_cancel_through_one_replica_stops_the_batch_on_both(tmp_path: Path, sim: str, redis: RedisServer) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = Router(tmp_path / "a", sim, concurrency=1, redis_url=redis.url)
+    b = Router(tmp_path / "b", sim, concurrency=1, redis_url=redis.url)
+    try:
+        c = a.client()
+        batch = c.batches.create(input_file_id=upload(c, jsonl(100, max_tokens=40)),
+                                 endpoint="/v1/chat/completions", completion_window="24h")
+        eventually(lambda: b.metric("oculis_batch_lines_total") >= 1 and a.metric("oculis_batch_lines_total") >= 1,
+                   timeout=120, what="both replicas ran a line")
+        assert b.client().batches.cancel(batch.id).status in ("cancelling", "cancelled")
+        done = finished(c, batch.id)
+        assert done.status == "cancelled"
+        answered = done.request_counts.completed
+        assert 2 <= answered < 100
+        ids = [json.loads(x)["custom_id"] for x in c.files.content(done.output_file_id).text.splitlines()]
+        assert len(ids) == len(set(ids)) == answered  # every line its counts say, once
+        assert len(batch_prompts(a, b)) == answered  # and nothing sent upstream beyond them
+    finally:
+        a.stop()
+        b.stop()

@@ -59,6 +59,10 @@ class Counters:
     adapter_prompt_tokens: dict[tuple[str, str], float] = field(default_factory=dict)
     adapter_completion_tokens: dict[tuple[str, str], float] = field(default_factory=dict)
     adapter_cost: dict[tuple[str, str], float] = field(default_factory=dict)
+    # the Batch API's lines (oculis_batch_*_total, also inside the counters above): route, outcome / kind / upstream
+    batch_lines: dict[tuple[str, str], float] = field(default_factory=dict)  # route, outcome (ok, error, expired)
+    batch_tokens: dict[tuple[str, str], float] = field(default_factory=dict)  # route, kind (prompt, completion)
+    batch_cost: dict[tuple[str, str], float] = field(default_factory=dict)  # route, upstream
 
 
 @dataclass(frozen=True)
@@ -256,6 +260,32 @@ def adapter_rows(c: Counters) -> list[dict[str, Any]]:
                      "completion_tokens": round(c.adapter_completion_tokens.get(key, 0.0)),
                      "token_dollars": round(dollars, 10),
                      "share_of_upstream_dollars": round(dollars / total, 4) if total else None})
+    return rows
+
+
+def batch_rows(c: Counters) -> list[dict[str, Any]]:
+    """Per (route, upstream): the Batch API's spend, apart from interactive traffic (counted per line by the
+    router, exact; part of the rows above), and its share of the upstream's dollars. A route's lines and
+    tokens have no upstream label: they are on the route's first row (its lines reached the upstreams below
+    it)."""
+    rows = []
+    routes = sorted({r for r, _ in c.batch_cost} | {r for r, _ in c.batch_lines} | {r for r, _ in c.batch_tokens})
+    for route in routes:
+        ups = sorted(u for r, u in c.batch_cost if r == route) or ["-"]
+        lines = {o: c.batch_lines.get((route, o), 0.0) for o in ("ok", "error", "expired")}
+        if not any(lines.values()) and not any(c.batch_cost.get((route, u)) for u in ups):
+            continue  # no line in the window
+        for i, upstream in enumerate(ups):
+            dollars = c.batch_cost.get((route, upstream), 0.0)
+            total = c.cost.get(upstream, 0.0)
+            first = i == 0
+            rows.append({"route": route, "upstream": upstream,
+                         "lines_ok": round(lines["ok"]) if first else None,
+                         "lines_failed": round(lines["error"] + lines["expired"]) if first else None,
+                         "prompt_tokens": round(c.batch_tokens.get((route, "prompt"), 0.0)) if first else None,
+                         "completion_tokens": round(c.batch_tokens.get((route, "completion"), 0.0)) if first else None,
+                         "token_dollars": round(dollars, 10),
+                         "share_of_upstream_dollars": round(dollars / total, 4) if total else None})
     return rows
 
 

@@ -14,12 +14,13 @@ from typing import Any
 
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HTTPRoute
 
 from oculis import BatchSettings
 from oculis_router.batch.check import COMPLETION_WINDOWS, ENDPOINTS, InputError, check_for_batch, parse_input
-from oculis_router.batch.runner import FINAL, Runner
+from oculis_router.batch.redis_store import RedisStore
+from oculis_router.batch.runner import FINAL, AnyStore, Runner
 from oculis_router.batch.store import OWNER, Store, new_id
 from oculis_router.errors import APIError, bad_request
 from oculis_router.inbound import read_body, tenant_of
@@ -31,15 +32,37 @@ MAX_METADATA = 16
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+def unavailable_errors() -> tuple[type[Exception], ...]:
+    """What a store that cannot be used raises: a directory's OSError, Redis's RedisError."""
+    import redis
+
+    return (OSError, redis.RedisError)
+
+
+class Stores:
+    """The store in force: Redis at server.redis_url when one is set (shared by replicas), else the
+    directory (one replica). One Redis client per URL, kept across config reloads."""
+
+    def __init__(self, directory: Callable[[], str], redis_url: Callable[[], str | None]) -> None:
+        self.directory, self.redis_url = directory, redis_url
+        self.redis: RedisStore | None = None
+
+    def __call__(self) -> AnyStore:
+        url = self.redis_url()
+        if url is None:
+            return Store(Path(self.directory()))
+        if self.redis is None or self.redis.url != url:
+            self.redis = RedisStore(url)
+        return self.redis
+
+
 class BatchAPI:
     def __init__(self, settings: Callable[[], BatchSettings], check_key: Callable[[Request], None],
-                 models: Callable[[], list[str]], runner: Runner) -> None:
+                 models: Callable[[], list[str]], runner: Runner, stores: Stores) -> None:
         self.settings, self.check_key, self.models, self.runner = settings, check_key, models, runner
+        self.store = stores
 
-    def store(self) -> Store:
-        return Store(Path(self.settings().directory))
-
-    def guarded(self, fn: Callable[[Request, Store, str], Awaitable[Response]]) -> Handler:
+    def guarded(self, fn: Callable[[Request, AnyStore, str], Awaitable[Response]]) -> Handler:
         async def handler(request: Request) -> Response:
             try:
                 self.check_key(request)
@@ -51,16 +74,18 @@ class BatchAPI:
                 return err.response()
             except InputError as err:
                 return APIError(400, str(err), param=err.param, code=err.code).response()
-            except OSError as exc:  # the store cannot be read or written: loud, and nothing half-made
-                log.error("batch store %s: %s", self.settings().directory, exc)
-                return APIError(503, f"the batch store ({self.settings().directory}) cannot be used: "
-                                f"{exc.strerror or exc}; interactive requests are unaffected, retry once it is fixed",
+            except unavailable_errors() as exc:  # the store cannot be read or written: loud, nothing half-made
+                where = self.store().where
+                why = (exc.strerror if isinstance(exc, OSError) else None) or exc
+                log.error("batch store %s: %s", where, why)
+                return APIError(503, f"the batch store ({where}) cannot be used: "
+                                f"{why}; interactive requests are unaffected, retry once it is fixed",
                                 type_="service_unavailable", code="batch_store_unavailable",
                                 headers={"retry-after": "30"}).response()
         return handler
 
     # ---- files --------------------------------------------------------------------------------------
-    async def upload(self, request: Request, store: Store, tenant: str) -> Response:
+    async def upload(self, request: Request, store: AnyStore, tenant: str) -> Response:
         cfg = self.settings()
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > cfg.max_file_bytes + 64 * 1024:
@@ -83,37 +108,37 @@ class BatchAPI:
         meta = await asyncio.to_thread(store.put_file, tenant, up.filename or "input.jsonl", purpose, data)
         return JSONResponse(meta)
 
-    async def list_files(self, request: Request, store: Store, tenant: str) -> Response:
-        found = store.files(tenant)
+    async def list_files(self, request: Request, store: AnyStore, tenant: str) -> Response:
+        found = await asyncio.to_thread(store.files, tenant)
         if (p := request.query_params.get("purpose")) is not None:
             found = [f for f in found if f["purpose"] == p]
         return JSONResponse({"object": "list", "data": found, "has_more": False})
 
-    def file_or_404(self, store: Store, tenant: str, file_id: str) -> dict[str, Any]:
-        meta = store.file(tenant, file_id)
+    async def file_or_404(self, store: AnyStore, tenant: str, file_id: str) -> dict[str, Any]:
+        meta = await asyncio.to_thread(store.file, tenant, file_id)
         if meta is None:
             raise APIError(404, f"No such File object: {file_id}", param="id", code="file_not_found")
         return meta
 
-    async def get_file(self, request: Request, store: Store, tenant: str) -> Response:
-        return JSONResponse(self.file_or_404(store, tenant, request.path_params["file_id"]))
+    async def get_file(self, request: Request, store: AnyStore, tenant: str) -> Response:
+        return JSONResponse(await self.file_or_404(store, tenant, request.path_params["file_id"]))
 
-    async def content(self, request: Request, store: Store, tenant: str) -> Response:
+    async def content(self, request: Request, store: AnyStore, tenant: str) -> Response:
         file_id = request.path_params["file_id"]
-        self.file_or_404(store, tenant, file_id)
-        path = store.content_path(tenant, file_id)
-        if path is None:
+        await self.file_or_404(store, tenant, file_id)
+        data = await asyncio.to_thread(store.file_bytes, tenant, file_id)
+        if data is None:
             raise APIError(404, f"No such File object: {file_id}", param="id", code="file_not_found")
-        return FileResponse(path, media_type="application/jsonl")
+        return Response(data, media_type="application/jsonl")
 
-    async def delete_file(self, request: Request, store: Store, tenant: str) -> Response:
+    async def delete_file(self, request: Request, store: AnyStore, tenant: str) -> Response:
         file_id = request.path_params["file_id"]
-        self.file_or_404(store, tenant, file_id)
-        store.delete_file(tenant, file_id)
+        await self.file_or_404(store, tenant, file_id)
+        await asyncio.to_thread(store.delete_file, tenant, file_id)
         return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
     # ---- batches ------------------------------------------------------------------------------------
-    async def create(self, request: Request, store: Store, tenant: str) -> Response:
+    async def create(self, request: Request, store: AnyStore, tenant: str) -> Response:
         cfg = self.settings()
         body = await read_body(request, 64 * 1024)
         file_id, endpoint = body.get("input_file_id"), body.get("endpoint")
@@ -131,14 +156,14 @@ class BatchAPI:
                 isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
             raise bad_request(f"metadata must be an object of at most {MAX_METADATA} string values",
                               param="metadata")
-        meta = store.file(tenant, file_id)
-        path = store.content_path(tenant, file_id)
-        if meta is None or path is None:  # another tenant's file is not there, as far as this one can tell
+        await asyncio.to_thread(store.check)  # Redis down: a loud 503 naming it, before anything is made
+        meta = await asyncio.to_thread(store.file, tenant, file_id)
+        data = await asyncio.to_thread(store.file_bytes, tenant, file_id)
+        if meta is None or data is None:  # another tenant's file is not there, as far as this one can tell
             raise APIError(404, f"No such File object: {file_id}", param="input_file_id", code="file_not_found")
         if meta["purpose"] != "batch":
             raise bad_request(f"file {file_id} has purpose {meta['purpose']!r}; a batch's input needs purpose "
                               "\"batch\"", param="input_file_id")
-        data = await asyncio.to_thread(path.read_bytes)
         lines = parse_input(data, cfg.max_requests_per_batch, cfg.max_file_bytes, "input_file_id")
         check_for_batch(lines, endpoint, set(self.models()))
         now = int(time.time())
@@ -152,22 +177,22 @@ class BatchAPI:
             "request_counts": {"total": len(lines), "completed": 0, "failed": 0}, "metadata": metadata,
             OWNER: {"tenant": tenant, "key_sha256": who.key_sha256, "tenant_header": who.tenant_header}}
         # the batch keeps its own copy of the input: deleting the file later does not stop it
-        store.save_batch(tenant, batch)
-        await asyncio.to_thread(store.results(tenant, batch["id"], "input").write_bytes, data)
+        await asyncio.to_thread(store.put_input, tenant, batch["id"], data)  # first: a replica may resume it
+        await asyncio.to_thread(store.save_batch, tenant, batch)
         self.runner.start(store, batch, cfg.concurrency)
         return JSONResponse(public(batch))
 
-    def batch_or_404(self, store: Store, tenant: str, batch_id: str) -> dict[str, Any]:
-        b = store.batch(tenant, batch_id)
+    async def batch_or_404(self, store: AnyStore, tenant: str, batch_id: str) -> dict[str, Any]:
+        b = await asyncio.to_thread(store.batch, tenant, batch_id)
         if b is None:
             raise APIError(404, f"No such Batch object: {batch_id}", param="id", code="batch_not_found")
         return b
 
-    async def get_batch(self, request: Request, store: Store, tenant: str) -> Response:
-        return JSONResponse(public(self.batch_or_404(store, tenant, request.path_params["batch_id"])))
+    async def get_batch(self, request: Request, store: AnyStore, tenant: str) -> Response:
+        return JSONResponse(public(await self.batch_or_404(store, tenant, request.path_params["batch_id"])))
 
-    async def list_batches(self, request: Request, store: Store, tenant: str) -> Response:
-        found = store.batches(tenant)
+    async def list_batches(self, request: Request, store: AnyStore, tenant: str) -> Response:
+        found = await asyncio.to_thread(store.batches, tenant)
         after = request.query_params.get("after")
         if after is not None:
             ids = [b["id"] for b in found]
@@ -180,9 +205,9 @@ class BatchAPI:
                              "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None,
                              "has_more": len(found) > len(page)})
 
-    async def cancel(self, request: Request, store: Store, tenant: str) -> Response:
+    async def cancel(self, request: Request, store: AnyStore, tenant: str) -> Response:
         batch_id = request.path_params["batch_id"]
-        b = self.batch_or_404(store, tenant, batch_id)
+        b = await self.batch_or_404(store, tenant, batch_id)
         if b["status"] in FINAL or b["status"] == "cancelling":
             if b["status"] != "cancelling" and b["status"] != "cancelled":
                 raise APIError(409, f"batch {batch_id} is {b['status']}: it can no longer be cancelled",
@@ -191,7 +216,7 @@ class BatchAPI:
         run = self.runner.runs.get(batch_id)
         target = run.batch if run is not None else b
         target.update(status="cancelling", cancelling_at=int(time.time()))
-        store.save_batch(tenant, target)
+        await asyncio.to_thread(store.save_batch, tenant, dict(target))
         self.runner.cancel(batch_id)  # a batch another replica runs sees it in the store
         return JSONResponse(public(target))
 

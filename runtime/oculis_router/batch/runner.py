@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 from oculis import Pricing
 from oculis_router.batch.check import Line, parse_input
+from oculis_router.batch.redis_store import LEASE_S, RedisAppender, RedisStore
 from oculis_router.batch.store import OWNER, Appender, Store, new_id
 from oculis_router.limits import Identity
 from oculis_router.usage import Usage, cost_dollars
@@ -29,6 +30,9 @@ RETRY_CAP_S = 60  # the longest a line waits before trying again after a 429 wit
 # what a line is sent as: (endpoint, body, tenant, who) -> the router's answer
 Call = Callable[[str, dict[str, Any], str, Identity], Awaitable[Response]]
 FINAL = ("completed", "failed", "expired", "cancelled")
+AnyStore = Store | RedisStore
+Out = Appender | RedisAppender
+WAIT_OTHERS_S = 1.0  # how often a replica with nothing left to claim looks whether the others are done
 
 
 class BatchMetrics:
@@ -45,7 +49,7 @@ class BatchMetrics:
 class Run:
     """One batch being run by this router."""
 
-    def __init__(self, store: Store, batch: dict[str, Any]) -> None:
+    def __init__(self, store: AnyStore, batch: dict[str, Any]) -> None:
         self.store, self.batch = store, batch
         owner = batch[OWNER]
         self.tenant = owner["tenant"]
@@ -55,16 +59,25 @@ class Run:
         self.saved_at = 0.0
         self.saving = asyncio.Lock()  # one write at a time, in order: an older snapshot never lands last
 
-    def stopping(self) -> bool:
+    async def poll(self) -> None:
+        """Reads the stored status at most every STATUS_POLL_S, off the event loop (a cancel from another
+        replica); a store that cannot be read now is read again next time."""
+        if self.cancel or time.monotonic() - self.read_at < STATUS_POLL_S:
+            return
+        self.read_at = time.monotonic()
+        try:
+            stored = await asyncio.to_thread(self.store.batch, self.tenant, self.batch["id"])
+        except Exception as exc:
+            log.warning("batch %s: cannot read its status from %s: %s", self.batch["id"], self.store.where, exc)
+            return
+        if stored is not None and stored["status"] == "cancelling":
+            self.cancel = True
+            self.batch.update(status="cancelling", cancelling_at=stored.get("cancelling_at"))
+
+    async def stopping(self) -> bool:
         """Cancelled (here or by another replica, seen in the store) or past its completion window."""
-        now = time.time()
-        if not self.cancel and time.monotonic() - self.read_at >= STATUS_POLL_S:
-            self.read_at = time.monotonic()
-            stored = self.store.batch(self.tenant, self.batch["id"])
-            if stored is not None and stored["status"] == "cancelling":
-                self.cancel = True
-                self.batch.update(status="cancelling", cancelling_at=stored.get("cancelling_at"))
-        return self.cancel or now >= self.batch["expires_at"]
+        await self.poll()
+        return self.cancel or time.time() >= self.batch["expires_at"]
 
     def save(self) -> None:
         self.store.save_batch(self.tenant, self.batch)
@@ -90,7 +103,7 @@ class Runner:
         self.sem: asyncio.Semaphore | None = None
         self.concurrency = 0
 
-    def start(self, store: Store, batch: dict[str, Any], concurrency: int) -> None:
+    def start(self, store: AnyStore, batch: dict[str, Any], concurrency: int) -> None:
         if batch["id"] in self.runs:
             return
         if self.sem is None or self.concurrency != concurrency:  # the setting changed: new bound for new lines
@@ -101,7 +114,7 @@ class Runner:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def resume(self, store: Store, concurrency: int) -> None:
+    def resume(self, store: AnyStore, concurrency: int) -> None:
         for b in store.open_batches():
             log.info("batch %s: resuming (%s)", b["id"], b["status"])
             self.start(store, b, concurrency)
@@ -131,39 +144,70 @@ class Runner:
 
     async def _run(self, run: Run) -> None:
         b, store = run.batch, run.store
-        lock = store.lock(run.tenant, b["id"])
+        lock = await asyncio.to_thread(store.lock, run.tenant, b["id"])
         if lock is None:
             log.info("batch %s is run by another router replica", b["id"])
             return
+        beating = asyncio.get_running_loop().create_task(self._beat(store))
         try:
-            data = store.results(run.tenant, b["id"], "input").read_bytes()
+            data = await asyncio.to_thread(store.input_bytes, run.tenant, b["id"])
             lines = parse_input(data, 1 << 30, 1 << 62)  # checked at creation: these bounds never bite
-            done, ok, failed = store.recorded(run.tenant, b["id"])
+            done, ok, failed = await asyncio.to_thread(store.recorded, run.tenant, b["id"])
             b["request_counts"] = {"total": len(lines), "completed": ok, "failed": failed}
             if b["status"] == "validating":
                 b.update(status="in_progress", in_progress_at=int(time.time()))
-            run.save()
-            out = Appender(store, run.tenant, b["id"])
+            if b["status"] in FINAL:
+                return
+            await asyncio.to_thread(run.save)
+            out = store.appender(run.tenant, b["id"])
             try:
-                await self._lines(run, [ln for ln in lines if ln.custom_id not in done], out)
+                while True:  # the lines no replica holds; then wait for the others' (or take a dead one's)
+                    todo = [ln for ln in lines if ln.custom_id not in done]
+                    if not todo or await run.stopping():
+                        break
+                    ran = await self._lines(run, todo, out)
+                    done = (await asyncio.to_thread(store.recorded, run.tenant, b["id"]))[0]
+                    if not ran and len(done) < len(lines):
+                        await asyncio.sleep(WAIT_OTHERS_S)
             finally:
                 out.close()
-            self._finish(run, [ln for ln in lines if ln.custom_id not in store.recorded(run.tenant, b["id"])[0]])
+            while await asyncio.to_thread(store.in_flight, run.tenant, b["id"]):  # other replicas' last lines
+                await asyncio.sleep(WAIT_OTHERS_S)
+            done = (await asyncio.to_thread(store.recorded, run.tenant, b["id"]))[0]
+            if await asyncio.to_thread(store.finisher, run.tenant, b["id"]):
+                await asyncio.to_thread(self._finish, run, [ln for ln in lines if ln.custom_id not in done])
         finally:
+            beating.cancel()
             lock.close()
 
-    async def _lines(self, run: Run, todo: list[Line], out: Appender) -> None:
+    @staticmethod
+    async def _beat(store: AnyStore) -> None:
+        """Keeps this replica's claims its own while it runs (Redis); a beat that fails is tried again."""
+        while True:
+            try:
+                await asyncio.to_thread(store.beat)
+            except Exception as exc:
+                log.warning("batch store %s: heartbeat failed: %s", store.where, exc)
+            await asyncio.sleep(LEASE_S / 4)
+
+    async def _lines(self, run: Run, todo: list[Line], out: Out) -> int:
+        """Runs the lines this replica can claim; how many it ran."""
         assert self.sem is not None
         sem = self.sem
         pending: set[asyncio.Task[None]] = set()
+        ran = 0
         try:
             for line in todo:
-                if run.stopping():
+                if await run.stopping():
                     break
                 await sem.acquire()
-                if run.stopping():
+                if await run.stopping():
                     sem.release()
                     break
+                if not await asyncio.to_thread(run.store.claim, run.tenant, run.batch["id"], line.custom_id):
+                    sem.release()  # recorded already, or another live replica runs it
+                    continue
+                ran += 1
                 t = asyncio.get_running_loop().create_task(self._line(run, line, out))
                 t.add_done_callback(lambda _: sem.release())
                 pending.add(t)
@@ -174,13 +218,14 @@ class Runner:
             for t in pending:
                 t.cancel()
             raise
+        return ran
 
-    async def _line(self, run: Run, line: Line, out: Appender) -> None:
+    async def _line(self, run: Run, line: Line, out: Out) -> None:
         while True:
             resp = await self.call(line.endpoint, dict(line.body), run.tenant, run.who)
             after = resp.headers.get("retry-after")
             retry = resp.headers.get("x-should-retry") != "false"  # a spent budget says stop, not wait
-            if resp.status_code in (429, 503) and retry and after and after.isdigit() and not run.stopping():
+            if resp.status_code in (429, 503) and retry and after and after.isdigit() and not await run.stopping():
                 # the fleet is full (flow control shed it) or a limit says wait: not an answer, try again
                 await asyncio.sleep(min(RETRY_CAP_S, max(1, int(after))))
                 continue
@@ -193,10 +238,12 @@ class Runner:
         status = resp.status_code
         kind = "output" if 200 <= status < 300 else "errors"
         # appended and synced in a worker thread: an fsync on the event loop would stall every request
-        await asyncio.to_thread(out.write, kind, {
+        first = await asyncio.to_thread(out.write, kind, {
             "id": new_id("batch_req_"), "custom_id": line.custom_id, "response": {
                 "status_code": status, "request_id": resp.headers.get("x-request-id") or new_id("req_"),
                 "body": body}, "error": None})
+        if not first:  # another replica recorded this line first (it took over a lease thought dead)
+            return
         counts = run.batch["request_counts"]
         counts["completed" if kind == "output" else "failed"] += 1
         route = str(line.body["model"])
@@ -215,7 +262,7 @@ class Runner:
         now = int(time.time())
         expired = not run.cancel and bool(left) and time.time() >= b["expires_at"]
         if expired:  # what the window left undone is written as errors, as OpenAI does
-            out = Appender(store, run.tenant, b["id"])
+            out = store.appender(run.tenant, b["id"])
             try:
                 for line in left:
                     out.write("errors", {"id": new_id("batch_req_"), "custom_id": line.custom_id, "response": None,
@@ -228,10 +275,12 @@ class Runner:
         run.save()
         for kind, key, purpose in (("output", "output_file_id", "batch_output"), ("errors", "error_file_id",
                                                                                   "batch_output")):
-            path = store.results(run.tenant, b["id"], kind)
-            if path.exists() and path.stat().st_size and not b.get(key):
-                b[key] = store.put_file(run.tenant, f"{b['id']}_{kind}.jsonl", purpose, path.read_bytes())["id"]
+            data = store.result_bytes(run.tenant, b["id"], kind)
+            if data and not b.get(key):
+                b[key] = store.put_file(run.tenant, f"{b['id']}_{kind}.jsonl", purpose, data)["id"]
         final = "cancelled" if run.cancel else "expired" if expired else "completed"
+        _, ok, failed = store.recorded(run.tenant, b["id"])  # every replica's lines
+        b["request_counts"].update(completed=ok, failed=failed)
         b.update(status=final, **{f"{final}_at": int(time.time())})
         run.save()
         log.info("batch %s %s: %s", b["id"], final, b["request_counts"])

@@ -35,8 +35,15 @@ def new_id(prefix: str) -> str:
 
 
 class Store:
+    """The directory store: one router replica (or several on one shared filesystem with working flock).
+    With `server.redis_url` set the router uses redis_store.RedisStore instead (shared, per-line claims)."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.where = f"the directory {root}"
+
+    def check(self) -> None:
+        """Nothing to reach: a directory that cannot be written fails loudly when written."""
 
     # ---- layout -------------------------------------------------------------------------------------
     def home(self, tenant: str) -> Path:
@@ -68,6 +75,10 @@ class Store:
     def content_path(self, tenant: str, file_id: str) -> Path | None:
         path = self._file(tenant, file_id, "data")
         return path if path is not None and path.exists() and self.file(tenant, file_id) is not None else None
+
+    def file_bytes(self, tenant: str, file_id: str) -> bytes | None:
+        path = self.content_path(tenant, file_id)
+        return path.read_bytes() if path is not None else None
 
     def files(self, tenant: str) -> list[dict[str, Any]]:
         folder = self.home(tenant) / "files"
@@ -117,6 +128,33 @@ class Store:
         assert path is not None
         return path
 
+    def put_input(self, tenant: str, batch_id: str, data: bytes) -> None:
+        self.results(tenant, batch_id, "input").parent.mkdir(parents=True, exist_ok=True)
+        _write(self.results(tenant, batch_id, "input"), data)
+
+    def input_bytes(self, tenant: str, batch_id: str) -> bytes:
+        return self.results(tenant, batch_id, "input").read_bytes()
+
+    def result_bytes(self, tenant: str, batch_id: str, kind: str) -> bytes:
+        path = self.results(tenant, batch_id, kind)
+        return path.read_bytes() if path.exists() else b""
+
+    def appender(self, tenant: str, batch_id: str) -> Appender:
+        return Appender(self, tenant, batch_id)
+
+    # one replica runs a batch here (its flock): every line is its own, and it alone finishes the batch
+    def beat(self) -> None:
+        pass
+
+    def claim(self, tenant: str, batch_id: str, custom_id: str) -> bool:
+        return True
+
+    def finisher(self, tenant: str, batch_id: str) -> bool:
+        return True
+
+    def in_flight(self, tenant: str, batch_id: str) -> int:
+        return 0  # this replica's lines are all answered when it asks
+
     def recorded(self, tenant: str, batch_id: str) -> tuple[set[str], int, int]:
         """The custom_ids whose results are written, and how many of them succeeded and failed; a torn
         last line (a crash while it was appended) is cut off first: that request runs again."""
@@ -155,13 +193,14 @@ class Appender:
         self.files = {k: store.results(tenant, batch_id, k).open("ab") for k in ("output", "errors")}
         self.lock = threading.Lock()
 
-    def write(self, kind: str, record: dict[str, Any]) -> None:
+    def write(self, kind: str, record: dict[str, Any]) -> bool:
         line = json.dumps(record).encode() + b"\n"
         with self.lock:
             f = self.files[kind]
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
+        return True
 
     def close(self) -> None:
         for f in self.files.values():
