@@ -3,7 +3,9 @@ stand-in's endpoint map (the stable and the canary Service, so both tracks are m
 time each, until killed. Each prompt starts with a fresh word, so no prefix-cache hit hides the
 prefill the canary's change slows down.
 
-    python demo/load.py ENDPOINTS_JSON MODEL HOST [HOST ...]
+    DEMO_ENGINE_KEY=KEY python demo/load.py ENDPOINTS_JSON MODEL HOST [HOST ...]
+
+DEMO_ENGINE_KEY: the engines' API key (the Secret oculis-engine-keys), in the environment, never in argv.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import os
 import sys
 import time
 import uuid
@@ -28,8 +31,10 @@ def ports(endpoints: Path, hosts: list[str]) -> list[int]:
 
 
 def one(port: int, model: str) -> None:
+    key = os.environ.get("DEMO_ENGINE_KEY")
     with contextlib.suppress(httpx.HTTPError):  # a pod going away mid-request: the next round skips it
-        httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30, json={
+        httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                   headers={"authorization": f"Bearer {key}"} if key else {}, json={
             "model": model, "prompt": f"{uuid.uuid4()} " + "word " * 1500, "max_tokens": 16})
 
 
