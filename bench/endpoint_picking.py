@@ -1,7 +1,8 @@
 """Endpoint picking on simulated fleets: every picker side by side, on the traffic where picking the
 replica pays and on the controls where it must not hurt (`oculis sim fleet`, simulated figures).
 
-    .venv/bin/python bench/endpoint_picking.py [--quick | --full] [--cells N] [--requests N]   # the sweep
+    .venv/bin/python bench/endpoint_picking.py [--quick | --full] [--cells N] [--requests N] [--seeds N]  # the sweep
+    .venv/bin/python bench/endpoint_picking.py --cell 4,0.6,128,50,bursty,multi --seeds 10   # one cell
     .venv/bin/python bench/endpoint_picking.py --scenario a,b,c,d [--seconds 300] [--plot FILE.html]
                                                [--speed]   # also time one simulated hour, 20 req/s, 8 replicas
 
@@ -151,7 +152,7 @@ def sweep(args: argparse.Namespace) -> int:
     cells = args.cells or (12 if args.quick else 48)
     requests = args.requests or (600 if args.quick else 1000)
     seeds = tuple(range(1, 1 + (args.seeds or (1 if args.quick else 3))))
-    todo = ps.grid(args.full, cells, seed=0)
+    todo = [ps.parse_cell(args.cell)] if args.cell else ps.grid(args.full, cells, seed=0)
     print(f"picker sweep: {len(todo)} cells ({'all' if args.full else 'Latin hypercube of'} 576), {requests} requests "
           f"each x {len(seeds)} workload seed{'s' if len(seeds) > 1 else ''} (pooled), {ps.MODEL} on {ps.GPU}, "
           f"max_num_seqs {ps.SEQS} -- SIMULATED", flush=True)
@@ -176,6 +177,8 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="sweep: all 576 cells")
     ap.add_argument("--cells", type=int, default=None, help="sweep: Latin-hypercube cells (default 48)")
     ap.add_argument("--requests", type=int, default=None, help="sweep: requests per cell (default 1,000)")
+    ap.add_argument("--cell", default="", help="sweep: only this cell, REPLICAS,LOAD,PREFIX,OUTPUT,ARRIVALS,TURNS "
+                                                "(e.g. 4,0.6,128,50,bursty,multi)")
     ap.add_argument("--seeds", type=int, default=None,
                     help="sweep: workload seeds per cell, pooled, with their spread (default 3; --quick 1)")
     ap.add_argument("--plot", type=Path, default=Path(tempfile.gettempdir()) / "oculis-endpoint-picking.html")

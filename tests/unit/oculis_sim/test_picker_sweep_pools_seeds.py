@@ -51,11 +51,11 @@ def test_a_cell_worse_on_one_seed_only_is_noise_and_one_worse_on_every_seed_is_a
     noisy = result({"p90": [110.0, 90.0, 101.0], "p99": [134.0, 88.0, 95.0]},
                    {"p90": [100.0, 100.0, 100.0], "p99": [100.0, 100.0, 100.0]})
     lines = ps.goals([noisy])
-    assert "interval lies wholly above 1: 0 of 2 (MET" in lines[1], lines
+    assert "(interval wholly above 1): 0 of 2: none shown worse" in lines[1], lines
     worse = result({"p90": [120.0, 121.0, 119.0], "p99": [100.0, 100.0, 100.0]},
                    {"p90": [100.0, 100.0, 100.0], "p99": [100.0, 100.0, 100.0]})
     lines = ps.goals([noisy, worse])
-    assert "1 of 4 (MISSED" in lines[1] and "p90: pooled 1.200" in lines[2], lines
+    assert "1 of 4: MISSED" in lines[1] and "p90: pooled 1.200" in lines[2], lines
 
 
 def test_without_seeds_the_goal_says_one_run_is_no_verdict() -> None:
@@ -77,3 +77,13 @@ def test_run_cell_pools_its_seeds_and_keeps_each_seeds_figures() -> None:
             lo, hi = r[f"spread_{q}"][n]
             assert lo <= hi
     assert min(r["ratio_p90"][n] for n in ps.BLIND) == 1.0
+
+
+def test_a_cell_is_read_from_its_six_factors_and_a_bad_one_is_one_line() -> None:
+    assert ps.parse_cell("4,0.6,128,50,bursty,multi") == ps.Cell(4, 0.6, 128, 50, "bursty", "multi")
+    assert ps.parse_cell("3,0.75,64,10,poisson,single").replicas == 3  # off the grid: an unseen shape
+    for bad in ("4,0.6,128,50,bursty", "4,0.6,128,50,steady,multi", "x,0.6,128,50,bursty,multi",
+                "0,0.6,128,50,bursty,multi"):
+        with pytest.raises(SystemExit) as e:
+            ps.parse_cell(bad)
+        assert str(e.value).startswith(f"--cell {bad!r}") and "\n" not in str(e.value)
