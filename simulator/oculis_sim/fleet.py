@@ -97,6 +97,9 @@ NO_LOOKUP = "no prefix-cache lookup (no request was scheduled)"
 class FleetResult:
     summary: dict[str, Any]  # exactly the `-o json` keys
     refused: int
+    # each request's TTFT in seconds, by its index in the workload (NaN: refused or never served), so runs
+    # on several seeds can be pooled and compared request by request (bench/picker_sweep.py)
+    ttft_s: np.ndarray | None = None
 
 
 def weighted_stats_ms(values: np.ndarray, weights: np.ndarray) -> dict[str, float] | Absent:
@@ -366,4 +369,5 @@ def run(settings: Settings, wl: Workload, replicas: int, strategy: Strategy, *, 
                            "affinity": lora_affinity and strategy not in ("random", "round-robin"),
                            "adapter_loads": sum(r.lora.loads for r in fleet),
                            "slot_waits": sum(r.lora.waits for r in fleet)}
-    return FleetResult(summary, refused)
+    ttft_s = np.array([x.first - x.send if x is not None and x.first >= 0 else np.nan for x in rec.recs])
+    return FleetResult(summary, refused, ttft_s)
