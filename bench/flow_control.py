@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "tests" / "suite"))  # the support modules' deadlines (time_scale)
 sys.path.insert(0, str(ROOT / "e2e" / "tests"))
 from router_support import start_router  # noqa: E402
 from sim_support import start_sim, stop  # noqa: E402

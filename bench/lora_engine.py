@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "realengine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "suite"))  # realvllm's deadlines (time_scale)
 import realvllm
 
 LORA_FLAGS = ("--enable-lora", "--max-loras", "1", "--max-lora-rank", "8")
