@@ -39,6 +39,10 @@ def unavailable_errors() -> tuple[type[Exception], ...]:
     return (OSError, redis.RedisError)
 
 
+def no_file(file_id: str, param: str = "id") -> APIError:
+    """OpenAI's 404 for a file this tenant cannot see (missing, deleted, or another tenant's: the same answer)."""
+    return APIError(404, f"No such File object: {file_id}", param=param, code="file_not_found")
+
 class Stores:
     """The store in force: Redis at server.redis_url when one is set (shared by replicas), else the
     directory (one replica). One Redis client per URL, kept across config reloads."""
@@ -117,7 +121,7 @@ class BatchAPI:
     async def file_or_404(self, store: AnyStore, tenant: str, file_id: str) -> dict[str, Any]:
         meta = await asyncio.to_thread(store.file, tenant, file_id)
         if meta is None:
-            raise APIError(404, f"No such File object: {file_id}", param="id", code="file_not_found")
+            raise no_file(file_id)
         return meta
 
     async def get_file(self, request: Request, store: AnyStore, tenant: str) -> Response:
@@ -128,7 +132,7 @@ class BatchAPI:
         await self.file_or_404(store, tenant, file_id)
         data = await asyncio.to_thread(store.file_bytes, tenant, file_id)
         if data is None:
-            raise APIError(404, f"No such File object: {file_id}", param="id", code="file_not_found")
+            raise no_file(file_id)
         return Response(data, media_type="application/jsonl")
 
     async def delete_file(self, request: Request, store: AnyStore, tenant: str) -> Response:
@@ -160,7 +164,7 @@ class BatchAPI:
         meta = await asyncio.to_thread(store.file, tenant, file_id)
         data = await asyncio.to_thread(store.file_bytes, tenant, file_id)
         if meta is None or data is None:  # another tenant's file is not there, as far as this one can tell
-            raise APIError(404, f"No such File object: {file_id}", param="input_file_id", code="file_not_found")
+            raise no_file(file_id, "input_file_id")
         if meta["purpose"] != "batch":
             raise bad_request(f"file {file_id} has purpose {meta['purpose']!r}; a batch's input needs purpose "
                               "\"batch\"", param="input_file_id")
